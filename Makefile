@@ -1,0 +1,62 @@
+# gyre's two commands: `make serve` and `make test`. Both set up whatever is
+# missing first (Python env with torch 2.11.0, buf, demo models, the build),
+# and reuse it on the next run.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+GYRE_CACHE ?= $(HOME)/.cache/gyre
+VENV       ?= $(GYRE_CACHE)/venv
+PY         := $(VENV)/bin/python
+MODELS     ?= .gyre/models
+# The libtorch tch links against is the one inside the venv's torch package.
+# A stable path (not the clone's) keeps the shared cargo target dir valid.
+export LIBTORCH := $(VENV)/lib/python3.11/site-packages/torch
+export CARGO_TARGET_DIR ?= $(GYRE_CACHE)/target
+BIN        := $(CARGO_TARGET_DIR)/release
+CARGO      := cargo
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help setup venv node models build serve test test-rust test-e2e lint
+
+help:
+	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
+	@echo "make test    # set up, build, and run every test"
+
+setup: venv node models
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements-dev.txt
+	@mkdir -p $(GYRE_CACHE)
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@ln -sfn $(VENV) .venv
+	@touch $@
+
+node: node_modules/.bin/buf
+node_modules/.bin/buf: package.json
+	npm install --no-audit --no-fund --silent
+	@touch $@
+
+models: $(VENV)/.installed
+	$(PY) tests/fixtures/make_models.py --out $(MODELS)
+
+build: $(VENV)/.installed
+	$(CARGO) build --release --workspace --bins
+
+serve: setup build
+	$(BIN)/gyre serve $(ARGS)
+
+test-rust: setup
+	$(CARGO) test --release --workspace
+
+test-e2e: setup build
+	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_MODELS=$(MODELS) \
+	  BUF=$(CURDIR)/node_modules/.bin/buf \
+	  $(PY) -m pytest -q tests
+
+test: setup build test-rust test-e2e
+
+lint: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings

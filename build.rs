@@ -1,0 +1,23 @@
+//! Compiles `proto/gyre/v1/*.proto` with protox (pure Rust: no system protoc)
+//! and generates the prost messages and tonic client/server code, plus the
+//! encoded file descriptor set that server reflection serves.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/gyre/v1/generate.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("gyre_v1_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

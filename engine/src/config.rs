@@ -1,0 +1,211 @@
+//! The model's `config.json` and `generation_config.json`, read into the few
+//! numbers the Llama family needs.
+//!
+//! Both the transformers 4.x layout (`rope_theta`, `rope_scaling`) and the 5.x
+//! layout (`rope_parameters`) are accepted.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::EngineError;
+
+/// Rope scaling as in Llama 3.1 (`rope_type: "llama3"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+/// Which weights a decoder-only model of the Llama family has.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// e.g. "LlamaForCausalLM".
+    pub architecture: String,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_layers: i64,
+    pub num_heads: i64,
+    pub num_kv_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3Scaling>,
+    pub max_position_embeddings: i64,
+    pub vocab_size: i64,
+    pub tie_word_embeddings: bool,
+    /// Bias on the q, k and v projections (Qwen2, or Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (Llama's `attention_bias`).
+    pub o_bias: bool,
+    /// EOS ids from generation_config.json (or config.json as a fallback).
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    /// Sampling defaults from generation_config.json.
+    pub default_temperature: Option<f32>,
+    pub default_top_p: Option<f32>,
+    pub default_top_k: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    model_type: String,
+    hidden_size: i64,
+    intermediate_size: i64,
+    num_hidden_layers: i64,
+    num_attention_heads: i64,
+    num_key_value_heads: Option<i64>,
+    head_dim: Option<i64>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: i64,
+    vocab_size: i64,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_max_pos() -> i64 {
+    2048
+}
+
+#[derive(Deserialize, Default)]
+struct RawGenerationConfig {
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    do_sample: Option<bool>,
+}
+
+/// Architectures this engine implements (all share the Llama decoder).
+pub const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+
+fn ids(v: &Option<Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+fn load_err(dir: &Path, reason: impl Into<String>) -> EngineError {
+    EngineError::Load {
+        path: dir.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl ModelConfig {
+    /// Reads `config.json` (required) and `generation_config.json` (optional).
+    pub fn from_dir(dir: &Path) -> Result<Self, EngineError> {
+        let text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| load_err(dir, format!("config.json: {e}")))?;
+        let raw: RawConfig =
+            serde_json::from_str(&text).map_err(|e| load_err(dir, format!("config.json: {e}")))?;
+        let gen_cfg: RawGenerationConfig =
+            match std::fs::read_to_string(dir.join("generation_config.json")) {
+                Ok(t) => serde_json::from_str(&t)
+                    .map_err(|e| load_err(dir, format!("generation_config.json: {e}")))?,
+                Err(_) => RawGenerationConfig::default(),
+            };
+        let architecture = raw.architectures.first().cloned().unwrap_or_default();
+        if !SUPPORTED.contains(&architecture.as_str()) {
+            return Err(EngineError::Unsupported(format!(
+                "architecture {architecture:?} (model_type {:?}); supported: {}",
+                raw.model_type,
+                SUPPORTED.join(", ")
+            )));
+        }
+        if raw.num_attention_heads <= 0 || raw.hidden_size % raw.num_attention_heads != 0 {
+            return Err(load_err(dir, "hidden_size must be a multiple of num_attention_heads"));
+        }
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        if num_kv_heads <= 0 || raw.num_attention_heads % num_kv_heads != 0 {
+            return Err(load_err(dir, "num_attention_heads must be a multiple of num_key_value_heads"));
+        }
+        // transformers 5 moved rope settings into `rope_parameters`.
+        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| raw.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+            .unwrap_or(10_000.0);
+        let rope_scaling = parse_scaling(dir, rope)?;
+        let is_qwen2 = architecture == "Qwen2ForCausalLM";
+        let mut eos = ids(&gen_cfg.eos_token_id);
+        if eos.is_empty() {
+            eos = ids(&raw.eos_token_id);
+        }
+        let bos = ids(&gen_cfg.bos_token_id)
+            .first()
+            .copied()
+            .or_else(|| ids(&raw.bos_token_id).first().copied());
+        let sampling = gen_cfg.do_sample.unwrap_or(true);
+        Ok(Self {
+            architecture,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads: raw.num_attention_heads,
+            num_kv_heads,
+            head_dim: raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads),
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings,
+            vocab_size: raw.vocab_size,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            qkv_bias: is_qwen2 || raw.attention_bias,
+            o_bias: !is_qwen2 && raw.attention_bias,
+            eos_token_ids: eos,
+            bos_token_id: bos,
+            // A generation config that says do_sample=false means greedy.
+            default_temperature: if sampling { gen_cfg.temperature } else { Some(0.0) },
+            default_top_p: gen_cfg.top_p,
+            default_top_k: gen_cfg.top_k,
+        })
+    }
+}
+
+fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<Option<Llama3Scaling>, EngineError> {
+    let Some(v) = v else { return Ok(None) };
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    match kind {
+        "default" => Ok(None),
+        "llama3" => {
+            let f = |k: &str| {
+                v.get(k)
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| load_err(dir, format!("rope scaling llama3 needs {k}")))
+            };
+            Ok(Some(Llama3Scaling {
+                factor: f("factor")?,
+                low_freq_factor: f("low_freq_factor")?,
+                high_freq_factor: f("high_freq_factor")?,
+                original_max_position_embeddings: f("original_max_position_embeddings")?,
+            }))
+        }
+        other => Err(EngineError::Unsupported(format!("rope scaling type {other:?}"))),
+    }
+}

@@ -1,0 +1,211 @@
+//! gyre's engine: the only crate that touches libtorch.
+//!
+//! It owns the model weights and KV caches on one dedicated OS thread
+//! (`worker`), reached through a bounded command channel. Each request gets
+//! its own channel of token events back; only plain data (token ids, counts)
+//! crosses into async code. Dropping a request's event receiver cancels it
+//! at the next step.
+
+mod config;
+mod kv;
+mod llama;
+mod sampler;
+mod worker;
+
+use std::path::{Path, PathBuf};
+
+use tokio::sync::mpsc;
+
+pub use config::{ModelConfig, SUPPORTED};
+pub use kv::KvCache;
+pub use llama::{Llama, SeqInput};
+pub use sampler::{Sampler, Sampling, argmax};
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot load model from {path}: {reason}")]
+    Load { path: String, reason: String },
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("checkpoint lacks weight {0}")]
+    MissingWeight(String),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is out of the vocabulary (size {vocab})")]
+    TokenOutOfVocab { id: u32, vocab: u32 },
+    #[error(
+        "this model's maximum context length is {max} tokens; the prompt has {prompt} tokens and max_tokens is {requested}"
+    )]
+    ContextTooLong {
+        prompt: u32,
+        requested: u32,
+        max: u32,
+    },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("the engine queue is full")]
+    QueueFull,
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("model step failed: {0}")]
+    Step(String),
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}
+
+/// Which device to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// CUDA when available, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub model_dir: PathBuf,
+    pub device: DeviceChoice,
+    /// Most sequences decoding at once.
+    pub max_running: usize,
+    /// Most prompt tokens prefilled in one step (a prompt longer than this
+    /// still runs, alone).
+    pub prefill_budget: usize,
+    /// Queue length beyond which new requests get `QueueFull`.
+    pub queue_capacity: usize,
+}
+
+impl EngineOptions {
+    pub fn new(model_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            model_dir: model_dir.into(),
+            device: DeviceChoice::Auto,
+            max_running: 64,
+            prefill_budget: 4096,
+            queue_capacity: 1024,
+        }
+    }
+}
+
+/// Facts about the loaded model that callers need.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub vocab_size: u32,
+    pub max_model_len: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub default_sampling: Sampling,
+    /// "cpu" or "cuda:N".
+    pub device: String,
+    /// e.g. "Float" or "BFloat16".
+    pub dtype: String,
+}
+
+/// One generation request, in token ids.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    /// Ids that end generation besides EOS.
+    pub stop_token_ids: Vec<u32>,
+    /// When true, EOS does not end generation.
+    pub ignore_eos: bool,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// It produced this stop token (EOS or a requested stop id).
+    Stop(u32),
+    /// It reached max_tokens or the context length.
+    Length,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+/// What the engine tells a request, in order: tokens, then one `Finished` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    Token(u32),
+    Finished { reason: FinishReason, usage: Usage },
+    Failed(EngineError),
+}
+
+pub(crate) enum Command {
+    Add {
+        req: GenerateRequest,
+        events: mpsc::UnboundedSender<Event>,
+    },
+}
+
+/// A handle to the engine thread; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<Command>,
+    info: ModelInfo,
+}
+
+impl Engine {
+    /// Starts the engine thread and loads the model there. Blocks until the
+    /// model is loaded (call it from `spawn_blocking` in async code).
+    pub fn start(opts: EngineOptions) -> Result<Self, EngineError> {
+        let (tx, rx) = mpsc::channel(opts.queue_capacity);
+        let info = worker::spawn(opts, rx)?;
+        Ok(Self { tx, info })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// Checks a request against the model and queues it. Returns the
+    /// request's event stream; drop it to cancel.
+    pub fn submit(&self, req: GenerateRequest) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
+        self.validate(&req)?;
+        let (events, rx) = mpsc::unbounded_channel();
+        self.tx.try_send(Command::Add { req, events }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
+            mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+        })?;
+        Ok(rx)
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        let vocab = self.info.vocab_size;
+        if let Some(&id) = req.prompt.iter().chain(&req.stop_token_ids).find(|&&t| t >= vocab) {
+            return Err(EngineError::TokenOutOfVocab { id, vocab });
+        }
+        let prompt = req.prompt.len() as u64;
+        if prompt + req.max_tokens as u64 > self.info.max_model_len as u64 {
+            return Err(EngineError::ContextTooLong {
+                prompt: req.prompt.len() as u32,
+                requested: req.max_tokens,
+                max: self.info.max_model_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Loads a model on the calling thread (for tests and tools that want the
+/// model itself rather than the serving engine).
+pub fn load_model(dir: &Path, device: DeviceChoice) -> Result<Llama, EngineError> {
+    let (device, kind) = worker::pick_device(device)?;
+    Llama::load(dir, device, kind)
+}

@@ -1,0 +1,302 @@
+//! The Llama decoder family (Llama 2/3/3.1, Mistral, Qwen2) in libtorch.
+//!
+//! Reference implementation: transformers' `modeling_llama.py` (and
+//! `modeling_qwen2.py`, which adds q/k/v biases). Weight names are the
+//! checkpoint's own (`model.layers.N.self_attn.q_proj.weight`, ...).
+//!
+//! `forward` takes a packed batch: the new tokens of several sequences laid
+//! end to end, each with its own KV cache. Linear layers run once over all
+//! tokens of all sequences; attention runs per sequence over its cache. That
+//! lets one step mix prompt prefill and decode of many sequences.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::EngineError;
+use crate::config::ModelConfig;
+use crate::kv::KvCache;
+
+struct Layer {
+    input_norm: Tensor,
+    post_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    q_bias: Option<Tensor>,
+    k_bias: Option<Tensor>,
+    v_bias: Option<Tensor>,
+    o_bias: Option<Tensor>,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// A loaded model of the Llama family.
+pub struct Llama {
+    pub cfg: ModelConfig,
+    pub device: Device,
+    pub kind: Kind,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    /// RoPE tables [max_positions, head_dim], float32.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// One sequence's part of a packed batch.
+pub struct SeqInput<'a> {
+    /// The new tokens to run (a prompt, a chunk of it, or one decode token).
+    pub tokens: &'a [u32],
+    /// The sequence's cache; `cache.len()` tokens precede `tokens`.
+    pub cache: &'a mut KvCache,
+}
+
+struct Weights {
+    map: HashMap<String, Tensor>,
+    device: Device,
+    kind: Kind,
+}
+
+impl Weights {
+    fn take(&mut self, name: &str) -> Result<Tensor, EngineError> {
+        let t = self
+            .map
+            .remove(name)
+            .ok_or_else(|| EngineError::MissingWeight(name.to_string()))?;
+        Ok(t.f_to_device(self.device)?.f_to_kind(self.kind)?)
+    }
+    fn maybe(&mut self, name: &str, want: bool) -> Result<Option<Tensor>, EngineError> {
+        if want { self.take(name).map(Some) } else { Ok(None) }
+    }
+}
+
+/// Reads every `*.safetensors` file of the model directory.
+fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::Load {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(EngineError::Load {
+            path: dir.display().to_string(),
+            reason: "no *.safetensors files".into(),
+        });
+    }
+    let mut map = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        tracing::info!(shard = i + 1, of = files.len(), file = %f.display(), "loading weights");
+        for (name, t) in Tensor::read_safetensors(f)? {
+            map.insert(name, t);
+        }
+    }
+    Ok(map)
+}
+
+impl Llama {
+    /// Loads config and weights from a HuggingFace model directory.
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, EngineError> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let mut w = Weights {
+            map: read_weights(dir)?,
+            device,
+            kind,
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers as usize);
+        for i in 0..cfg.num_layers {
+            let p = format!("model.layers.{i}.");
+            let a = format!("{p}self_attn.");
+            layers.push(Layer {
+                input_norm: w.take(&format!("{p}input_layernorm.weight"))?,
+                post_norm: w.take(&format!("{p}post_attention_layernorm.weight"))?,
+                q: w.take(&format!("{a}q_proj.weight"))?,
+                k: w.take(&format!("{a}k_proj.weight"))?,
+                v: w.take(&format!("{a}v_proj.weight"))?,
+                o: w.take(&format!("{a}o_proj.weight"))?,
+                q_bias: w.maybe(&format!("{a}q_proj.bias"), cfg.qkv_bias)?,
+                k_bias: w.maybe(&format!("{a}k_proj.bias"), cfg.qkv_bias)?,
+                v_bias: w.maybe(&format!("{a}v_proj.bias"), cfg.qkv_bias)?,
+                o_bias: w.maybe(&format!("{a}o_proj.bias"), cfg.o_bias)?,
+                gate: w.take(&format!("{p}mlp.gate_proj.weight"))?,
+                up: w.take(&format!("{p}mlp.up_proj.weight"))?,
+                down: w.take(&format!("{p}mlp.down_proj.weight"))?,
+            });
+            tracing::debug!(layer = i, "layer loaded");
+        }
+        let embed = w.take("model.embed_tokens.weight")?;
+        let norm = w.take("model.norm.weight")?;
+        let lm_head = if cfg.tie_word_embeddings && !w.map.contains_key("lm_head.weight") {
+            embed.shallow_clone()
+        } else {
+            w.take("lm_head.weight")?
+        };
+        let (cos, sin) = rope_tables(&cfg, device)?;
+        tracing::info!(
+            architecture = %cfg.architecture,
+            layers = cfg.num_layers,
+            hidden = cfg.hidden_size,
+            vocab = cfg.vocab_size,
+            ?device,
+            ?kind,
+            "model loaded"
+        );
+        Ok(Self {
+            cfg,
+            device,
+            kind,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    /// Runs the new tokens of every sequence, appends their keys and values
+    /// to each cache, and returns the final-normed hidden states [N, hidden]
+    /// of all N tokens in input order.
+    pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<Tensor, EngineError> {
+        let cfg = &self.cfg;
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        for s in seqs.iter_mut() {
+            let past = s.cache.len();
+            s.cache.reserve(past + s.tokens.len() as i64)?;
+            ids.extend(s.tokens.iter().map(|&t| t as i64));
+            pos.extend(past..past + s.tokens.len() as i64);
+        }
+        let n = ids.len() as i64;
+        let ids = Tensor::from_slice(&ids).f_to_device(self.device)?;
+        let pos = Tensor::from_slice(&pos).f_to_device(self.device)?;
+        let cos = self.cos.f_index_select(0, &pos)?.f_unsqueeze(1)?;
+        let sin = self.sin.f_index_select(0, &pos)?.f_unsqueeze(1)?;
+        let mut x = self.embed.f_index_select(0, &ids)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let _span = tracing::trace_span!("layer", li).entered();
+            let h = rms_norm(&x, &l.input_norm, cfg.rms_norm_eps)?;
+            let q = h.f_linear(&l.q, l.q_bias.as_ref())?.f_view([n, nh, hd])?;
+            let k = h.f_linear(&l.k, l.k_bias.as_ref())?.f_view([n, nkv, hd])?;
+            let v = h.f_linear(&l.v, l.v_bias.as_ref())?.f_view([n, nkv, hd])?;
+            let q = apply_rope(&q, &cos, &sin)?;
+            let k = apply_rope(&k, &cos, &sin)?;
+            let mut outs = Vec::with_capacity(seqs.len());
+            let mut off = 0i64;
+            for s in seqs.iter_mut() {
+                let len = s.tokens.len() as i64;
+                outs.push(s.cache.attend(
+                    li,
+                    &q.f_narrow(0, off, len)?,
+                    &k.f_narrow(0, off, len)?,
+                    &v.f_narrow(0, off, len)?,
+                )?);
+                off += len;
+            }
+            let attn = Tensor::f_cat(&outs, 0)?.f_view([n, nh * hd])?;
+            x = x.f_add(&attn.f_linear(&l.o, l.o_bias.as_ref())?)?;
+            let h = rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
+            let g = h.f_linear::<Tensor>(&l.gate, None)?.f_silu()?;
+            let u = h.f_linear::<Tensor>(&l.up, None)?;
+            x = x.f_add(&g.f_mul(&u)?.f_linear::<Tensor>(&l.down, None)?)?;
+        }
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len() as i64);
+        }
+        rms_norm(&x, &self.norm, cfg.rms_norm_eps)
+    }
+
+    /// Logits (float32) for the given hidden-state rows [B, hidden] -> [B, vocab].
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
+        Ok(hidden
+            .f_linear::<Tensor>(&self.lm_head, None)?
+            .f_to_kind(Kind::Float)?)
+    }
+
+    /// Full logits [T, vocab] of a prompt run from an empty cache (for tests
+    /// and scoring).
+    pub fn score(&self, tokens: &[u32]) -> Result<Tensor, EngineError> {
+        let mut cache = KvCache::new(self, tokens.len() as i64)?;
+        let h = self.forward(&mut [SeqInput {
+            tokens,
+            cache: &mut cache,
+        }])?;
+        self.logits(&h)
+    }
+
+    pub(crate) fn kv_shape(&self) -> (i64, i64, i64) {
+        (self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
+    }
+}
+
+/// RMSNorm as transformers computes it: in float32, then back to the input kind.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, EngineError> {
+    let kind = x.kind();
+    let h = x.f_to_kind(Kind::Float)?;
+    let var = h.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
+    let h = h.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    Ok(w.f_mul(&h.f_to_kind(kind)?)?)
+}
+
+/// q * cos + rotate_half(q) * sin, with cos/sin [N, 1, head_dim].
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineError> {
+    let half = x.size()[2] / 2;
+    let x1 = x.f_narrow(2, 0, half)?;
+    let x2 = x.f_narrow(2, half, half)?;
+    let rot = Tensor::f_cat(&[x2.f_neg()?, x1], 2)?;
+    let kind = x.kind();
+    Ok(x
+        .f_mul(&cos.f_to_kind(kind)?)?
+        .f_add(&rot.f_mul(&sin.f_to_kind(kind)?)?)?)
+}
+
+/// Inverse frequencies exactly as transformers computes them (float32 tensor
+/// ops), including Llama 3.1's frequency-dependent scaling.
+fn inv_freq(cfg: &ModelConfig) -> Result<Tensor, EngineError> {
+    let dim = cfg.head_dim;
+    let exponent = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(dim as f64)?;
+    let base = Tensor::from(cfg.rope_theta as f32);
+    let inv = base.f_pow(&exponent)?.f_reciprocal()?;
+    let Some(s) = &cfg.rope_scaling else {
+        return Ok(inv);
+    };
+    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    let wavelen = inv.f_reciprocal()?.f_mul_scalar(2.0 * std::f64::consts::PI)?;
+    let scaled = inv
+        .f_div_scalar(s.factor)?
+        .f_where_self(&wavelen.f_gt(low_wavelen)?, &inv)?;
+    let smooth = wavelen
+        .f_reciprocal()?
+        .f_mul_scalar(s.original_max_position_embeddings)?
+        .f_sub_scalar(s.low_freq_factor)?
+        .f_div_scalar(s.high_freq_factor - s.low_freq_factor)?;
+    let one_minus = smooth.f_neg()?.f_add_scalar(1.0)?;
+    let smoothed = one_minus
+        .f_mul(&scaled.f_div_scalar(s.factor)?)?
+        .f_add(&smooth.f_mul(&scaled)?)?;
+    let medium = wavelen
+        .f_lt(high_wavelen)?
+        .f_logical_not()?
+        .f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
+    Ok(smoothed.f_where_self(&medium, &scaled)?)
+}
+
+fn rope_tables(cfg: &ModelConfig, device: Device) -> Result<(Tensor, Tensor), EngineError> {
+    let inv = inv_freq(cfg)?;
+    let t = Tensor::f_arange(cfg.max_position_embeddings, (Kind::Float, Device::Cpu))?;
+    let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
+    let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+    Ok((emb.f_cos()?.f_to_device(device)?, emb.f_sin()?.f_to_device(device)?))
+}

@@ -1,0 +1,140 @@
+//! The service's error type and its one mapping to `tonic::Status`
+//! (with google.rpc ErrorInfo and BadRequest details). Internal details are
+//! logged here and never sent to clients.
+
+use std::collections::HashMap;
+
+use gyre_engine::EngineError;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// The `ErrorInfo.domain` of every gyre error.
+pub const DOMAIN: &str = "gyre.v1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Bad input; `field` names the request field at fault.
+    #[error("{message}")]
+    InvalidArgument {
+        field: String,
+        reason: &'static str,
+        message: String,
+    },
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    pub fn invalid(field: impl Into<String>, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The gRPC code, ErrorInfo reason, offending field and client-safe message.
+    pub fn parts(&self) -> (Code, &'static str, Option<String>, String) {
+        use EngineError as E;
+        match self {
+            Self::InvalidArgument {
+                field,
+                reason,
+                message,
+            } => (Code::InvalidArgument, reason, Some(field.clone()), message.clone()),
+            Self::ModelNotFound(_) => (Code::NotFound, "MODEL_NOT_FOUND", Some("model".into()), self.to_string()),
+            Self::Engine(e) => match e {
+                E::EmptyPrompt => (Code::InvalidArgument, "EMPTY_PROMPT", Some("input".into()), e.to_string()),
+                E::TokenOutOfVocab { .. } => {
+                    (Code::InvalidArgument, "TOKEN_OUT_OF_VOCABULARY", Some("input".into()), e.to_string())
+                }
+                E::ContextTooLong { .. } => (
+                    Code::InvalidArgument,
+                    "CONTEXT_LENGTH_EXCEEDED",
+                    Some("max_tokens".into()),
+                    e.to_string(),
+                ),
+                E::ZeroMaxTokens => (Code::InvalidArgument, "INVALID_MAX_TOKENS", Some("max_tokens".into()), e.to_string()),
+                E::QueueFull => (
+                    Code::ResourceExhausted,
+                    "QUEUE_FULL",
+                    None,
+                    "the server is overloaded; retry later".into(),
+                ),
+                E::Stopped => (Code::Unavailable, "ENGINE_STOPPED", None, "the engine is not running".into()),
+                E::Load { .. } | E::Unsupported(_) | E::MissingWeight(_) | E::Step(_) | E::Torch(_) => {
+                    (Code::Internal, "MODEL_FAILURE", None, "the model failed to run this request".into())
+                }
+            },
+            Self::Internal(_) => (Code::Internal, "INTERNAL", None, "internal server error".into()),
+        }
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(e: ServiceError) -> Self {
+        let (code, reason, field, message) = e.parts();
+        if code == Code::Internal {
+            tracing::error!(error = %e, "request failed");
+        }
+        let mut details = ErrorDetails::new();
+        details.set_error_info(reason, DOMAIN, HashMap::<String, String>::new());
+        if let Some(f) = field {
+            details.add_bad_request_violation(f, message.clone());
+        }
+        if code == Code::ResourceExhausted {
+            details.set_retry_info(Some(std::time::Duration::from_secs(1)));
+        }
+        Status::with_error_details(code, message, details)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(e: ServiceError) -> Status {
+        e.into()
+    }
+
+    #[test]
+    fn bad_input_maps_to_invalid_argument_with_field() {
+        let s = status(ServiceError::invalid("sampling.temperature", "OUT_OF_RANGE", "bad"));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        let br = s.get_details_bad_request().expect("bad request details");
+        assert_eq!(br.field_violations[0].field, "sampling.temperature");
+        assert_eq!(s.get_details_error_info().expect("info").reason, "OUT_OF_RANGE");
+    }
+
+    #[test]
+    fn engine_errors_map_per_table() {
+        let cases = [
+            (EngineError::EmptyPrompt, Code::InvalidArgument),
+            (EngineError::TokenOutOfVocab { id: 9, vocab: 5 }, Code::InvalidArgument),
+            (
+                EngineError::ContextTooLong {
+                    prompt: 10,
+                    requested: 10,
+                    max: 16,
+                },
+                Code::InvalidArgument,
+            ),
+            (EngineError::ZeroMaxTokens, Code::InvalidArgument),
+            (EngineError::QueueFull, Code::ResourceExhausted),
+            (EngineError::Stopped, Code::Unavailable),
+            (EngineError::Step("boom /secret/path".into()), Code::Internal),
+        ];
+        for (e, code) in cases {
+            let s = status(ServiceError::Engine(e));
+            assert_eq!(s.code(), code);
+            assert!(!s.message().contains("/secret"), "internal details leaked: {}", s.message());
+        }
+        let s = status(ServiceError::ModelNotFound("x".into()));
+        assert_eq!(s.code(), Code::NotFound);
+        assert_eq!(s.get_details_error_info().expect("info").reason, "MODEL_NOT_FOUND");
+    }
+}

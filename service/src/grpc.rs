@@ -1,0 +1,356 @@
+//! The `gyre.v1.Generation` service over the engine.
+//!
+//! Each request runs in its own task: engine token events in, incremental
+//! detokenizing and stop strings, typed events out through a bounded channel.
+//! A failed send means the client left: the task ends, dropping the engine's
+//! event receiver, which cancels the sequence at the engine's next step.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use gyre_api::v1::{
+    self, Cancel, DetokenizeRequest, DetokenizeResponse, FinishReason, GenerateRequest, GenerateResponse,
+    ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse, generate_request::Action,
+    generate_response::Event as Ev, generation_server::Generation, tokenize_request,
+};
+use gyre_engine::{Event, FinishReason as EngineFinish};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::detok::IncrementalDecoder;
+use crate::error::ServiceError;
+use crate::request::{self, Prepared};
+use crate::runtime::ModelRuntime;
+use crate::stop::{StopMatcher, StopOutcome};
+
+type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
+
+/// Events buffered per stream before the producer waits for the client.
+const STREAM_BUFFER: usize = 64;
+
+#[derive(Clone)]
+pub struct GenerationService {
+    models: Arc<Vec<Arc<ModelRuntime>>>,
+}
+
+impl GenerationService {
+    pub fn new(models: Vec<Arc<ModelRuntime>>) -> Self {
+        Self {
+            models: Arc::new(models),
+        }
+    }
+
+    async fn prepare(&self, req: v1::Request) -> Result<(Prepared, mpsc::UnboundedReceiver<Event>), ServiceError> {
+        let models = self.models.clone();
+        let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        let rx = prepared.model.engine.submit(prepared.engine_req.clone())?;
+        Ok((prepared, rx))
+    }
+}
+
+fn event(id: &str, ev: Ev) -> GenerateResponse {
+    GenerateResponse {
+        request_id: id.to_string(),
+        event: Some(ev),
+    }
+}
+
+fn request_error(e: &ServiceError) -> v1::RequestError {
+    let (code, reason, field, message) = e.parts();
+    v1::RequestError {
+        code: code as i32,
+        message,
+        reason: reason.to_string(),
+        field: field.unwrap_or_default(),
+    }
+}
+
+/// How a request's failure is reported: a `Finish` with an error on the
+/// multiplexed stream, or the call's status on a single-request stream.
+#[derive(Clone, Copy)]
+enum Mode {
+    Multiplexed,
+    Single,
+}
+
+/// Drives one request to its end. Returns when it finished, was cancelled,
+/// or the client went away.
+async fn run(
+    id: String,
+    p: Prepared,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    out: Out,
+    mut cancel: oneshot::Receiver<()>,
+    mode: Mode,
+) {
+    let tok = p.model.tokenizer.clone();
+    let mut detok = IncrementalDecoder::new(p.skip_special);
+    let mut stops = StopMatcher::new(p.stop.clone());
+    let prompt_tokens = p.engine_req.prompt.len() as u32;
+    let mut generated = 0u32;
+    let usage = |completion| v1::Usage {
+        prompt_tokens,
+        completion_tokens: completion,
+        cached_tokens: 0,
+    };
+    let finish = |reason: FinishReason, completion, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
+        reason: reason as i32,
+        usage: Some(usage(completion)),
+        matched_stop: stop,
+        matched_stop_token_id: stop_id,
+        error: None,
+    };
+    loop {
+        let ev = tokio::select! {
+            biased;
+            _ = &mut cancel => {
+                let f = finish(FinishReason::Cancelled, generated, None, None);
+                let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                return;
+            }
+            // The client went away: returning drops `events`, which cancels
+            // the sequence in the engine.
+            _ = out.closed() => return,
+            ev = events.recv() => ev,
+        };
+        let msg = match ev {
+            Some(Event::Token(t)) => {
+                generated += 1;
+                if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
+                    // The stop token's text is never shown; Finished follows.
+                    continue;
+                }
+                let piece = match detok.push(&tok, t) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        fail(&id, &out, mode, ServiceError::Internal(format!("detokenize: {e}"))).await;
+                        return;
+                    }
+                };
+                match stops.push(&piece) {
+                    StopOutcome::Continue(text) => event(&id, Ev::Delta(v1::Delta { text, token_ids: vec![t] })),
+                    StopOutcome::Stopped(text, s) => {
+                        if out.send(Ok(event(&id, Ev::Delta(v1::Delta { text, token_ids: vec![t] })))).await.is_err() {
+                            return;
+                        }
+                        let f = finish(FinishReason::Stop, generated, Some(s), None);
+                        let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                        return;
+                    }
+                }
+            }
+            Some(Event::Finished { reason, usage: u }) => {
+                let mut tail = detok.flush(&tok).unwrap_or_default();
+                match stops.push(&tail) {
+                    StopOutcome::Continue(t) => tail = t + &stops.finish(),
+                    StopOutcome::Stopped(t, s) => {
+                        let _ = out.send(Ok(event(&id, Ev::Delta(v1::Delta { text: t, token_ids: vec![] })))).await;
+                        let f = finish(FinishReason::Stop, u.completion_tokens, Some(s), None);
+                        let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                        return;
+                    }
+                }
+                if !tail.is_empty() && out.send(Ok(event(&id, Ev::Delta(v1::Delta { text: tail, token_ids: vec![] })))).await.is_err() {
+                    return;
+                }
+                let f = match reason {
+                    EngineFinish::Stop(t) => finish(FinishReason::Stop, u.completion_tokens, None, Some(t)),
+                    EngineFinish::Length => finish(FinishReason::Length, u.completion_tokens, None, None),
+                };
+                let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                return;
+            }
+            Some(Event::Failed(e)) => {
+                fail(&id, &out, mode, ServiceError::Engine(e)).await;
+                return;
+            }
+            None => {
+                fail(&id, &out, mode, ServiceError::Internal("engine dropped the request".into())).await;
+                return;
+            }
+        };
+        if out.send(Ok(msg)).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn is_eos(p: &Prepared, t: u32) -> bool {
+    !p.engine_req.ignore_eos && p.model.engine.info().eos_token_ids.contains(&t)
+}
+
+async fn fail(id: &str, out: &Out, mode: Mode, e: ServiceError) {
+    let _ = match mode {
+        Mode::Single => out.send(Err(e.into())).await,
+        Mode::Multiplexed => {
+            if let (tonic::Code::Internal, ..) = e.parts() {
+                tracing::error!(request_id = id, error = %e, "request failed");
+            }
+            let f = v1::Finish {
+                reason: FinishReason::Error as i32,
+                usage: None,
+                matched_stop: None,
+                matched_stop_token_id: None,
+                error: Some(request_error(&e)),
+            };
+            out.send(Ok(event(id, Ev::Finish(f)))).await
+        }
+    };
+}
+
+#[tonic::async_trait]
+impl Generation for GenerationService {
+    type GenerateStream = EventStream;
+    type GenerateStreamStream = EventStream;
+
+    async fn generate(
+        &self,
+        request: Request<Streaming<GenerateRequest>>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let mut running: HashMap<String, oneshot::Sender<()>> = HashMap::new();
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    // Half-close: started requests run to their end.
+                    Ok(None) => break,
+                    // The client is gone: dropping the cancel senders stops everything.
+                    Err(_) => {
+                        for (_, c) in running.drain() {
+                            let _ = c.send(());
+                        }
+                        break;
+                    }
+                };
+                running.retain(|_, c| !c.is_closed());
+                match msg.action {
+                    Some(Action::Start(req)) => {
+                        let id = req.request_id.clone();
+                        if id.is_empty() || running.contains_key(&id) {
+                            let e = ServiceError::invalid(
+                                "start.request_id",
+                                "INVALID_REQUEST_ID",
+                                "request_id must be non-empty and unique among running requests",
+                            );
+                            fail(&id, &out, Mode::Multiplexed, e).await;
+                            continue;
+                        }
+                        let (ctx, crx) = oneshot::channel();
+                        running.insert(id.clone(), ctx);
+                        let (svc, out) = (svc.clone(), out.clone());
+                        tokio::spawn(async move {
+                            match svc.prepare(req).await {
+                                Ok((p, events)) => run(id, p, events, out, crx, Mode::Multiplexed).await,
+                                Err(e) => fail(&id, &out, Mode::Multiplexed, e).await,
+                            }
+                        });
+                    }
+                    Some(Action::Cancel(Cancel { request_id })) => {
+                        if let Some(c) = running.remove(&request_id) {
+                            let _ = c.send(());
+                        }
+                    }
+                    None => {}
+                }
+            }
+            // The response stream ends when the last request task drops its
+            // sender; cancel handles stay alive until then (dropping one
+            // would cancel its request).
+            drop(out);
+            for (_, mut c) in running {
+                c.closed().await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn generate_stream(
+        &self,
+        request: Request<v1::Request>,
+    ) -> Result<Response<Self::GenerateStreamStream>, Status> {
+        let mut req = request.into_inner();
+        if req.request_id.is_empty() {
+            req.request_id = format!("req-{:016x}", rand_id());
+        }
+        let id = req.request_id.clone();
+        let (p, events) = self.prepare(req).await?;
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            // Held for the request's life; a client that leaves is noticed by a failed send.
+            let _cancel = cancel_tx;
+            run(id, p, events, out, cancel_rx, Mode::Single).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn tokenize(&self, request: Request<TokenizeRequest>) -> Result<Response<TokenizeResponse>, Status> {
+        let req = request.into_inner();
+        let models = self.models.clone();
+        let resp = tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
+            let model = request::resolve(&models, &req.model)?;
+            let (prompt, ids) = match &req.input {
+                Some(tokenize_request::Input::Text(t)) => (t.clone(), model.encode(t, req.add_special_tokens.unwrap_or(true))?),
+                Some(tokenize_request::Input::Chat(c)) => {
+                    let msgs = request::chat_messages(c)?;
+                    let text = model.render_chat(&msgs, c.add_generation_prompt.unwrap_or(true))?;
+                    let ids = model.encode(&text, false)?;
+                    (text, ids)
+                }
+                None => return Err(ServiceError::invalid("input", "MISSING_INPUT", "text or chat is required")),
+            };
+            Ok(TokenizeResponse {
+                token_ids: ids,
+                max_model_len: model.engine.info().max_model_len,
+                prompt,
+            })
+        })
+        .await
+        .map_err(|e| Status::from(ServiceError::Internal(e.to_string())))??;
+        Ok(Response::new(resp))
+    }
+
+    async fn detokenize(&self, request: Request<DetokenizeRequest>) -> Result<Response<DetokenizeResponse>, Status> {
+        let req = request.into_inner();
+        let model = request::resolve(&self.models, &req.model)?;
+        let text = model.decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
+        Ok(Response::new(DetokenizeResponse { text }))
+    }
+
+    async fn list_models(&self, _: Request<ListModelsRequest>) -> Result<Response<ListModelsResponse>, Status> {
+        let models = self
+            .models
+            .iter()
+            .map(|m| v1::Model {
+                id: m.id.clone(),
+                owned_by: m.owned_by.clone(),
+                created: m.created,
+                max_model_len: m.engine.info().max_model_len,
+                vocab_size: m.engine.info().vocab_size,
+                architecture: m.engine.info().architecture.clone(),
+            })
+            .collect();
+        Ok(Response::new(ListModelsResponse { models }))
+    }
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}

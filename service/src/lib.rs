@@ -1,0 +1,14 @@
+//! gyre's gRPC service over the engine, and the pieces of the `gyre` binary.
+//!
+//! Text work lives here, off the engine thread: chat templates, tokenizing,
+//! incremental detokenizing, stop strings. Errors map to `tonic::Status` in
+//! exactly one place (`error`).
+
+pub mod detok;
+pub mod error;
+pub mod grpc;
+pub mod request;
+pub mod runtime;
+pub mod server;
+pub mod stop;
+pub mod template;

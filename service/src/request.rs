@@ -1,0 +1,138 @@
+//! Turning a proto `Request` into an engine request: model lookup, input
+//! rendering and tokenizing, parameter validation and defaults.
+
+use std::sync::Arc;
+
+use gyre_api::v1::{self, request::Input};
+use gyre_engine::{GenerateRequest, Sampling};
+
+use crate::error::ServiceError;
+use crate::runtime::ModelRuntime;
+use crate::template::TemplateMessage;
+
+/// Most stop strings one request may give.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// A validated request, ready for the engine.
+pub struct Prepared {
+    pub model: Arc<ModelRuntime>,
+    pub engine_req: GenerateRequest,
+    pub stop: Vec<String>,
+    pub skip_special: bool,
+}
+
+/// The model a request names; empty means the first one.
+pub fn resolve(models: &[Arc<ModelRuntime>], name: &str) -> Result<Arc<ModelRuntime>, ServiceError> {
+    if name.is_empty() {
+        return models.first().cloned().ok_or_else(|| ServiceError::ModelNotFound(String::new()));
+    }
+    models
+        .iter()
+        .find(|m| m.id == name)
+        .cloned()
+        .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))
+}
+
+pub fn chat_messages(chat: &v1::ChatInput) -> Result<Vec<TemplateMessage>, ServiceError> {
+    const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+    chat.messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ServiceError::invalid(
+                    format!("chat.messages[{i}].role"),
+                    "INVALID_ROLE",
+                    format!("unknown role {:?}; expected one of {}", m.role, ROLES.join(", ")),
+                ));
+            }
+            Ok(TemplateMessage {
+                role: m.role.clone(),
+                content: m.content.clone(),
+                name: m.name.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Prompt token ids of a request's input (blocking: tokenizes).
+pub fn prompt_ids(model: &ModelRuntime, input: Option<&Input>) -> Result<Vec<u32>, ServiceError> {
+    match input {
+        None => Err(ServiceError::invalid("input", "MISSING_INPUT", "one of text, token_ids or chat is required")),
+        Some(Input::Text(t)) => {
+            if t.is_empty() {
+                return Err(ServiceError::invalid("input.text", "EMPTY_PROMPT", "the prompt is empty"));
+            }
+            model.encode(t, true)
+        }
+        Some(Input::TokenIds(ids)) => Ok(ids.ids.clone()),
+        Some(Input::Chat(chat)) => {
+            let msgs = chat_messages(chat)?;
+            let text = model.render_chat(&msgs, chat.add_generation_prompt.unwrap_or(true))?;
+            model.encode(&text, false)
+        }
+    }
+}
+
+fn sampling(model: &ModelRuntime, p: Option<&v1::SamplingParams>) -> Result<Sampling, ServiceError> {
+    let d = &model.engine.info().default_sampling;
+    let p = p.cloned().unwrap_or_default();
+    let temperature = p.temperature.unwrap_or(d.temperature);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ServiceError::invalid(
+            "sampling.temperature",
+            "OUT_OF_RANGE",
+            format!("temperature must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let top_p = p.top_p.unwrap_or(d.top_p);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ServiceError::invalid(
+            "sampling.top_p",
+            "OUT_OF_RANGE",
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
+    }
+    Ok(Sampling {
+        temperature,
+        top_p,
+        top_k: p.top_k.unwrap_or(d.top_k),
+        seed: p.seed,
+    })
+}
+
+/// Validates a request and builds the engine request (blocking: tokenizes).
+pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepared, ServiceError> {
+    let model = resolve(models, &req.model)?;
+    let prompt = prompt_ids(&model, req.input.as_ref())?;
+    let sampling = sampling(&model, req.sampling.as_ref())?;
+    if req.stop.len() > MAX_STOP_STRINGS {
+        return Err(ServiceError::invalid(
+            "stop",
+            "TOO_MANY_STOP_STRINGS",
+            format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", req.stop.len()),
+        ));
+    }
+    if req.stop.iter().any(String::is_empty) {
+        return Err(ServiceError::invalid("stop", "EMPTY_STOP_STRING", "stop strings must not be empty"));
+    }
+    let ctx = model.engine.info().max_model_len;
+    let max_tokens = match req.max_tokens {
+        Some(n) => n,
+        // Unset: whatever room the context leaves (validated as too long below when none).
+        None => ctx.saturating_sub(prompt.len() as u32).max(1),
+    };
+    let engine_req = GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop_token_ids: req.stop_token_ids.clone(),
+        ignore_eos: req.ignore_eos,
+    };
+    Ok(Prepared {
+        model,
+        engine_req,
+        stop: req.stop.clone(),
+        skip_special: req.skip_special_tokens.unwrap_or(true),
+    })
+}

@@ -1,0 +1,146 @@
+//! One hosted model: the engine handle plus everything text-side that the
+//! engine must not do (tokenizer, chat template, special tokens).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use gyre_engine::{DeviceChoice, Engine, EngineOptions};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::error::ServiceError;
+use crate::template::{ChatTemplate, TemplateError, TemplateMessage};
+
+pub struct ModelRuntime {
+    pub id: String,
+    pub owned_by: String,
+    pub created: i64,
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+}
+
+fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("cannot load model from {}: {what}", dir.display())
+}
+
+/// A special token from tokenizer_config.json: a string or `{"content": ...}`.
+fn special(cfg: &Value, key: &str) -> String {
+    match cfg.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The chat template: `chat_template.jinja` beside the tokenizer (newer
+/// checkpoints), else `chat_template` in tokenizer_config.json (a string, or
+/// a list of named templates of which "default" is used).
+fn chat_template_source(dir: &Path, cfg: &Value) -> Option<String> {
+    if let Ok(s) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(s);
+    }
+    match cfg.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    }
+}
+
+impl ModelRuntime {
+    /// Loads tokenizer, template and weights (blocking; seconds to minutes).
+    pub fn load(dir: &Path, served_name: Option<String>, device: DeviceChoice) -> anyhow::Result<Self> {
+        if !dir.join("config.json").exists() {
+            return Err(load_err(
+                dir,
+                "no config.json there (run `make models` to build the demo models, or pass --model <HF dir>)",
+            ));
+        }
+        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
+        let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
+            Ok(t) => serde_json::from_str(&t).map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
+            Err(_) => Value::Null,
+        };
+        let template = match chat_template_source(dir, &cfg) {
+            Some(src) => Some(
+                ChatTemplate::new(&src, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))
+                    .map_err(|e| load_err(dir, e))?,
+            ),
+            None => None,
+        };
+        tracing::info!(model = %dir.display(), "loading model");
+        let started = std::time::Instant::now();
+        let mut opts = EngineOptions::new(dir);
+        opts.device = device;
+        let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
+        let info = engine.info();
+        tracing::info!(
+            secs = format!("{:.1}", started.elapsed().as_secs_f64()),
+            device = %info.device,
+            dtype = %info.dtype,
+            context = info.max_model_len,
+            "model ready"
+        );
+        let id = served_name.unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
+        });
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        Ok(Self {
+            id,
+            owned_by: "gyre".into(),
+            created,
+            engine,
+            tokenizer: Arc::new(tokenizer),
+            template,
+        })
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ServiceError> {
+        let enc = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| ServiceError::Internal(format!("tokenizer: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, ServiceError> {
+        let vocab = self.engine.info().vocab_size;
+        if let Some(&bad) = ids.iter().find(|&&t| t >= vocab) {
+            return Err(ServiceError::invalid(
+                "token_ids",
+                "TOKEN_OUT_OF_VOCABULARY",
+                format!("token id {bad} is out of the vocabulary (size {vocab})"),
+            ));
+        }
+        self.tokenizer
+            .decode(ids, skip_special)
+            .map_err(|e| ServiceError::Internal(format!("tokenizer: {e}")))
+    }
+
+    /// Renders chat messages with the model's template.
+    pub fn render_chat(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String, ServiceError> {
+        let Some(t) = &self.template else {
+            return Err(ServiceError::invalid(
+                "chat",
+                "NO_CHAT_TEMPLATE",
+                format!("the model `{}` has no chat template; send text input instead", self.id),
+            ));
+        };
+        if messages.is_empty() {
+            return Err(ServiceError::invalid("chat.messages", "EMPTY_MESSAGES", "messages must not be empty"));
+        }
+        t.render(messages, add_generation_prompt).map_err(|e| match e {
+            TemplateError::Raised(m) => ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m),
+            TemplateError::Render(m) => ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m),
+        })
+    }
+}

@@ -1,0 +1,80 @@
+//! The gRPC server: gyre.v1.Generation (behind the API-key check),
+//! grpc.health.v1 (overall and per model), server reflection v1 and v1alpha
+//! (gyre's and health's descriptors), and gRPC-Web through tonic-web.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use gyre_api::v1::generation_server::GenerationServer;
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Server, server::TcpIncoming};
+use tonic::{Request, Status};
+
+use crate::grpc::GenerationService;
+use crate::runtime::ModelRuntime;
+
+/// Checks `authorization: Bearer <key>` when a key is configured.
+#[derive(Clone)]
+pub struct ApiKeyCheck {
+    expected: Option<Arc<str>>,
+}
+
+impl ApiKeyCheck {
+    pub fn new(key: Option<String>) -> Self {
+        Self {
+            expected: key.map(|k| Arc::from(format!("Bearer {k}"))),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for ApiKeyCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(req);
+        };
+        match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
+            Some(got) if got.as_bytes() == expected.as_bytes() => Ok(req),
+            Some(_) => Err(Status::unauthenticated("invalid API key")),
+            None => Err(Status::unauthenticated(
+                "missing API key: send metadata `authorization: Bearer <key>`",
+            )),
+        }
+    }
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve_grpc(
+    listener: TcpListener,
+    models: Vec<Arc<ModelRuntime>>,
+    api_key: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<GenerationServer<GenerationService>>().await;
+    for m in &models {
+        health.set_service_status(&m.id, tonic_health::ServingStatus::Serving).await;
+    }
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let generation = InterceptedService::new(
+        GenerationServer::new(GenerationService::new(models)),
+        ApiKeyCheck::new(api_key),
+    );
+    Server::builder()
+        .accept_http1(true)
+        .layer(tonic_web::GrpcWebLayer::new())
+        .add_service(health_svc)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(generation)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .await?;
+    Ok(())
+}

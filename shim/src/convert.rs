@@ -1,0 +1,300 @@
+//! OpenAI request bodies -> proto `Request`: the one place where the HTTP
+//! API's fields become gyre.v1 fields.
+//!
+//! Range checks of sampling values are the service's (it answers
+//! INVALID_ARGUMENT with the field, mapped back to `param`); the shim refuses
+//! only what the proto cannot express: n > 1, logprobs, tools, echo, ...
+
+use gyre_api::v1 as pb;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::extract::{fields, require};
+use crate::openai::request::{ChatParams, CommonParams, CompletionParams, Prompt};
+
+/// Roles a chat message may have (see `gyre.v1.ChatMessage.role`).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// How to answer: one JSON object, or SSE chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamMode {
+    pub stream: bool,
+    /// Send a usage chunk before `[DONE]` (only when streaming).
+    pub include_usage: bool,
+}
+
+/// A parsed `/v1/chat/completions` body.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub common: CommonParams,
+    pub chat: ChatParams,
+}
+
+impl ChatRequest {
+    /// Parses and type-checks a body; errors name the field as `param`.
+    pub fn from_body(body: &Value) -> Result<Self, ApiError> {
+        require(body, &["model", "messages"])?;
+        Ok(Self {
+            common: fields(body)?,
+            chat: fields(body)?,
+        })
+    }
+
+    /// The proto request with id `request_id`, and how to answer.
+    pub fn into_proto(self, request_id: &str) -> Result<(pb::Request, StreamMode), ApiError> {
+        let chat = self.chat;
+        if chat.logprobs == Some(true) {
+            return Err(ApiError::unsupported("logprobs", "logprobs"));
+        }
+        if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::unsupported("tools", "Tool calling"));
+        }
+        if let Some(format) = chat.response_format.as_ref().filter(|f| f.kind != "text") {
+            let what = format!("response_format of type '{}'", format.kind);
+            return Err(ApiError::unsupported("response_format", &what));
+        }
+        if chat.messages.is_empty() {
+            return Err(ApiError::invalid_request(
+                "'messages' must contain at least one message.",
+                Some("messages"),
+            ));
+        }
+        let mut messages = Vec::with_capacity(chat.messages.len());
+        for (i, m) in chat.messages.into_iter().enumerate() {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::invalid_request(
+                    format!(
+                        "Invalid role '{}': expected one of {}.",
+                        m.role,
+                        ROLES.join(", ")
+                    ),
+                    Some(&format!("messages[{i}].role")),
+                ));
+            }
+            messages.push(pb::ChatMessage {
+                role: m.role,
+                content: m.content.map(|c| c.0).unwrap_or_default(),
+                name: m.name,
+            });
+        }
+        let input = pb::request::Input::Chat(pb::ChatInput {
+            messages,
+            add_generation_prompt: chat.add_generation_prompt,
+        });
+        common_to_proto(self.common, request_id, input)
+    }
+}
+
+/// A parsed `/v1/completions` body.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub common: CommonParams,
+    pub completion: CompletionParams,
+}
+
+impl CompletionRequest {
+    /// Parses and type-checks a body; errors name the field as `param`.
+    pub fn from_body(body: &Value) -> Result<Self, ApiError> {
+        require(body, &["model", "prompt"])?;
+        Ok(Self {
+            common: fields(body)?,
+            completion: fields(body)?,
+        })
+    }
+
+    /// The proto request with id `request_id`, and how to answer.
+    pub fn into_proto(self, request_id: &str) -> Result<(pb::Request, StreamMode), ApiError> {
+        let c = self.completion;
+        if c.echo == Some(true) {
+            return Err(ApiError::unsupported("echo", "echo"));
+        }
+        if c.logprobs.is_some() {
+            return Err(ApiError::unsupported("logprobs", "logprobs"));
+        }
+        if c.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::unsupported("suffix", "suffix"));
+        }
+        if c.best_of.is_some_and(|b| b != 1) {
+            return Err(ApiError::invalid_request(
+                "Only best_of=1 is supported for now.",
+                Some("best_of"),
+            ));
+        }
+        let input = match c.prompt {
+            Prompt::Text(text) => pb::request::Input::Text(text),
+            Prompt::TokenIds(ids) => pb::request::Input::TokenIds(pb::TokenIds { ids }),
+        };
+        common_to_proto(self.common, request_id, input)
+    }
+}
+
+fn common_to_proto(
+    common: CommonParams,
+    request_id: &str,
+    input: pb::request::Input,
+) -> Result<(pb::Request, StreamMode), ApiError> {
+    if common.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid_request(
+            "Only n=1 is supported for now.",
+            Some("n"),
+        ));
+    }
+    let top_k = match common.top_k {
+        None => None,
+        Some(-1 | 0) => Some(0),
+        Some(k) => Some(u32::try_from(k).map_err(|_| {
+            ApiError::invalid_request(
+                "top_k must be a positive integer, or 0 or -1 for off.",
+                Some("top_k"),
+            )
+        })?),
+    };
+    let stream = common.stream.unwrap_or(false);
+    let mode = StreamMode {
+        stream,
+        include_usage: stream
+            && common
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+    };
+    let request = pb::Request {
+        request_id: request_id.to_owned(),
+        model: common.model,
+        input: Some(input),
+        sampling: Some(pb::SamplingParams {
+            temperature: common.temperature,
+            top_p: common.top_p,
+            top_k,
+            seed: common.seed.map(|s| u64::from_ne_bytes(s.to_ne_bytes())),
+        }),
+        max_tokens: common.max_completion_tokens.or(common.max_tokens),
+        stop: common.stop.map(|s| s.0).unwrap_or_default(),
+        stop_token_ids: common.stop_token_ids.unwrap_or_default(),
+        ignore_eos: common.ignore_eos.unwrap_or(false),
+        skip_special_tokens: common.skip_special_tokens,
+    };
+    Ok((request, mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> Result<(pb::Request, StreamMode), ApiError> {
+        ChatRequest::from_body(&body)?.into_proto("id-1")
+    }
+
+    fn completion(body: Value) -> Result<(pb::Request, StreamMode), ApiError> {
+        CompletionRequest::from_body(&body)?.into_proto("id-1")
+    }
+
+    fn param(err: ApiError) -> Value {
+        assert_eq!(err.status(), http::StatusCode::BAD_REQUEST, "{err}");
+        err.body()["error"]["param"].clone()
+    }
+
+    #[test]
+    fn chat_maps_every_field() {
+        let (req, mode) = chat(json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"},
+                {"role": "assistant", "content": null, "tool_calls": []},
+            ],
+            "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -1,
+            "max_tokens": 10, "max_completion_tokens": 20, "stop": "END",
+            "stream": true, "stream_options": {"include_usage": true}, "n": 1,
+            "user": "ignored", "presence_penalty": 0,
+        }))
+        .expect("valid");
+        assert_eq!(mode, StreamMode { stream: true, include_usage: true });
+        assert_eq!(req.request_id, "id-1");
+        assert_eq!(req.model, "m");
+        assert_eq!(req.max_tokens, Some(20));
+        assert_eq!(req.stop, vec!["END".to_owned()]);
+        let sampling = req.sampling.expect("sampling");
+        assert_eq!(sampling.temperature, Some(0.5));
+        assert_eq!(sampling.top_p, Some(0.9));
+        assert_eq!(sampling.top_k, Some(40));
+        assert_eq!(sampling.seed, Some(u64::MAX));
+        let Some(pb::request::Input::Chat(input)) = req.input else {
+            panic!("chat input expected");
+        };
+        let contents: Vec<_> = input.messages.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(contents, ["be brief", "hi", ""]);
+        assert_eq!(input.messages[1].name.as_deref(), Some("ann"));
+    }
+
+    #[test]
+    fn unset_fields_stay_unset() {
+        let (req, mode) = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
+            .expect("valid");
+        assert_eq!(mode, StreamMode { stream: false, include_usage: false });
+        assert_eq!(req.sampling, Some(pb::SamplingParams::default()));
+        assert_eq!(req.max_tokens, None);
+        assert!(req.stop.is_empty());
+    }
+
+    #[test]
+    fn chat_errors_name_params() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        assert_eq!(param(chat(json!({"messages": msgs})).expect_err("no model")), "model");
+        assert_eq!(param(chat(json!({"model": "m"})).expect_err("no messages")), "messages");
+        let cases = [
+            (json!({"model": "m", "messages": msgs, "temperature": "hot"}), "temperature"),
+            (json!({"model": "m", "messages": msgs, "n": 2}), "n"),
+            (json!({"model": "m", "messages": msgs, "stop": [1]}), "stop"),
+            (json!({"model": "m", "messages": msgs, "max_tokens": -1}), "max_tokens"),
+            (json!({"model": "m", "messages": msgs, "top_k": -5}), "top_k"),
+            (json!({"model": "m", "messages": msgs, "stream": "yes"}), "stream"),
+            (json!({"model": 3, "messages": msgs}), "model"),
+            (json!({"model": "m", "messages": "hi"}), "messages"),
+            (json!({"model": "m", "messages": []}), "messages"),
+            (json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
+            (json!({"model": "m", "messages": [{"content": "x"}]}), "messages[0].role"),
+            (json!({"model": "m", "messages": [{"role": "user", "content": 1}]}), "messages[0].content"),
+            (json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}), "tools"),
+            (json!({"model": "m", "messages": msgs, "logprobs": true}), "logprobs"),
+        ];
+        for (body, expected) in cases {
+            let err = chat(body.clone()).expect_err("invalid");
+            assert_eq!(param(err), expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let (req, _) = completion(json!({"model": "m", "prompt": "once"})).expect("text");
+        assert_eq!(req.input, Some(pb::request::Input::Text("once".into())));
+        let (req, _) = completion(json!({"model": "m", "prompt": ["once"]})).expect("list");
+        assert_eq!(req.input, Some(pb::request::Input::Text("once".into())));
+        let (req, _) = completion(json!({"model": "m", "prompt": [1, 2, 3]})).expect("ids");
+        let ids = pb::TokenIds { ids: vec![1, 2, 3] };
+        assert_eq!(req.input, Some(pb::request::Input::TokenIds(ids)));
+        let (req, _) = completion(json!({"model": "m", "prompt": "x", "stop": ["a", "b"]}))
+            .expect("stop list");
+        assert_eq!(req.stop, vec!["a".to_owned(), "b".to_owned()]);
+    }
+
+    #[test]
+    fn completion_errors_name_params() {
+        let cases = [
+            (json!({"model": "m"}), "prompt"),
+            (json!({"model": "m", "prompt": ["a", "b"]}), "prompt"),
+            (json!({"model": "m", "prompt": [[1, 2]]}), "prompt"),
+            (json!({"model": "m", "prompt": {}}), "prompt"),
+            (json!({"model": "m", "prompt": "x", "echo": true}), "echo"),
+            (json!({"model": "m", "prompt": "x", "logprobs": 2}), "logprobs"),
+            (json!({"model": "m", "prompt": "x", "best_of": 3}), "best_of"),
+            (json!({"model": "m", "prompt": "x", "seed": "s"}), "seed"),
+        ];
+        for (body, expected) in cases {
+            let err = completion(body.clone()).expect_err("invalid");
+            assert_eq!(param(err), expected, "{body}");
+        }
+    }
+}

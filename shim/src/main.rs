@@ -1,0 +1,93 @@
+//! The `gyre-shim` binary: the OpenAI-compatible HTTP API of a gyre gRPC
+//! service. Prints `gyre-shim: HTTP listening on http://<addr>` on stdout
+//! once bound (logs go to stderr) and shuts down gracefully on Ctrl-C or
+//! SIGTERM.
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use gyre_shim::ShimConfig;
+
+/// OpenAI-compatible HTTP API for a gyre gRPC inference service.
+#[derive(Debug, Parser)]
+#[command(name = "gyre-shim", version, about)]
+struct Args {
+    /// URI of the gyre gRPC service.
+    #[arg(long, env = "GYRE_GRPC_ENDPOINT", default_value = "http://127.0.0.1:50051")]
+    grpc_endpoint: String,
+
+    /// Address to serve HTTP on (port 0 picks a free port).
+    #[arg(long, env = "GYRE_HTTP_ADDR", default_value = "127.0.0.1:8000")]
+    http_addr: String,
+
+    /// Require `Authorization: Bearer <key>` on HTTP and send it to the service.
+    #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+
+    /// Deadline of each gRPC call in seconds (none when unset).
+    #[arg(long, env = "GYRE_REQUEST_TIMEOUT_SECS")]
+    request_timeout_secs: Option<u64>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let args = Args::parse();
+    let config = ShimConfig {
+        grpc_endpoint: args.grpc_endpoint,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        request_timeout: args.request_timeout_secs.map(Duration::from_secs),
+    };
+    let state = gyre_shim::connect(config).await?;
+    let listener = tokio::net::TcpListener::bind(&args.http_addr)
+        .await
+        .with_context(|| format!("cannot bind HTTP address {}", args.http_addr))?;
+    let addr = listener.local_addr()?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "gyre-shim: HTTP listening on http://{addr}")?;
+        stdout.flush()?;
+    }
+    gyre_shim::serve(listener, state, shutdown_signal()).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or (on Unix) SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(%e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(%e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received, finishing requests in flight");
+}

@@ -1,0 +1,248 @@
+//! Request bodies of `/v1/chat/completions` and `/v1/completions`.
+//!
+//! Each body is read in parts from one JSON object (see [`crate::extract`]):
+//! [`CommonParams`] for what both endpoints share, then [`ChatParams`] or
+//! [`CompletionParams`]. Unknown keys are ignored; keys gyre cannot honour yet
+//! are kept so that [`crate::convert`] can refuse them instead of silently
+//! answering something else.
+
+use serde::de::{Deserializer, Error as _};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Fields shared by both generation endpoints.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    /// Model id (required: checked before parsing).
+    pub model: String,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Number of choices; only 1 is supported.
+    pub n: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Extension (vLLM): keep the top k tokens; 0 or -1 mean off.
+    pub top_k: Option<i64>,
+    /// Seeds are i64 in OpenAI's API; they are reinterpreted as u64.
+    pub seed: Option<i64>,
+    pub max_tokens: Option<u32>,
+    /// Chat's newer name for `max_tokens`; wins when both are set.
+    pub max_completion_tokens: Option<u32>,
+    pub stop: Option<Stop>,
+    /// Extension (vLLM): token ids that also end generation.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Extension (vLLM): do not stop at EOS.
+    pub ignore_eos: Option<bool>,
+    /// Extension (vLLM): leave special tokens out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with `usage` and no choices before `[DONE]`.
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stop(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Stop {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Stop(vec![s])),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s),
+                    _ => Err(D::Error::custom("expected a string or a list of strings")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Stop),
+            _ => Err(D::Error::custom("expected a string or a list of strings")),
+        }
+    }
+}
+
+/// Fields of `/v1/chat/completions` beyond [`CommonParams`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatParams {
+    pub messages: Vec<ChatMessage>,
+    /// Not supported yet: refused when true.
+    pub logprobs: Option<bool>,
+    /// Not supported yet: refused when non-empty.
+    pub tools: Option<Vec<Value>>,
+    /// Not supported yet: refused unless `{"type": "text"}`.
+    pub response_format: Option<ResponseFormat>,
+    /// Extension (vLLM): end the prompt with the assistant header (default true).
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// One chat message. Keys other than these (tool_calls, ...) are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// A string or a list of text parts; null (assistant with tool calls)
+    /// counts as empty.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    pub name: Option<String>,
+}
+
+/// Message content flattened to text: a string, or a list of
+/// `{"type": "text", "text": ..}` parts joined with newlines (as vLLM does).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageContent(pub String);
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(MessageContent(s)),
+            Value::Array(parts) => {
+                let texts = parts
+                    .iter()
+                    .map(text_part)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(D::Error::custom)?;
+                Ok(MessageContent(texts.join("\n")))
+            }
+            _ => Err(D::Error::custom(
+                "expected a string or a list of content parts",
+            )),
+        }
+    }
+}
+
+/// The text of one content part.
+fn text_part(part: &Value) -> Result<&str, String> {
+    match part.get("type").and_then(Value::as_str) {
+        Some("text") => part
+            .get("text")
+            .and_then(Value::as_str)
+            .ok_or_else(|| "a text content part needs a string 'text'".to_owned()),
+        Some(other) => Err(format!("content parts of type '{other}' are not supported yet")),
+        None => Err("each content part needs a string 'type'".to_owned()),
+    }
+}
+
+/// Fields of `/v1/completions` beyond [`CommonParams`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionParams {
+    pub prompt: Prompt,
+    /// Not supported yet: refused when true.
+    pub echo: Option<bool>,
+    /// Not supported yet: refused when set.
+    pub logprobs: Option<u32>,
+    /// Not supported yet: refused when non-empty.
+    pub suffix: Option<String>,
+    /// Only 1 is supported.
+    pub best_of: Option<u32>,
+}
+
+/// `prompt`: a string, a list with exactly one string, or a list of token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    TokenIds(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Prompt::Text(s)),
+            Value::Array(items) => prompt_list(items).map_err(D::Error::custom),
+            _ => Err(D::Error::custom(
+                "expected a string, a list with one string, or a list of token ids",
+            )),
+        }
+    }
+}
+
+fn prompt_list(items: Vec<Value>) -> Result<Prompt, String> {
+    match items.as_slice() {
+        [] => Err("the prompt must not be an empty list".to_owned()),
+        [Value::String(_)] => match items.into_iter().next() {
+            Some(Value::String(s)) => Ok(Prompt::Text(s)),
+            _ => Err("expected one string".to_owned()),
+        },
+        [Value::String(_), ..] => Err("batches of several prompts are not supported yet".to_owned()),
+        [Value::Array(_), ..] => Err("batches of token-id prompts are not supported yet".to_owned()),
+        _ => items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(|| format!("token ids must be integers in [0, 2^32), got {v}"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Prompt::TokenIds),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, String> {
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn stop_as_string_or_list() {
+        assert_eq!(parse::<Stop>(json!("END")), Ok(Stop(vec!["END".into()])));
+        assert_eq!(
+            parse::<Stop>(json!(["a", "b"])),
+            Ok(Stop(vec!["a".into(), "b".into()]))
+        );
+        assert!(parse::<Stop>(json!([1])).is_err());
+        assert!(parse::<Stop>(json!(5)).is_err());
+    }
+
+    #[test]
+    fn content_parts_are_flattened() {
+        assert_eq!(parse::<MessageContent>(json!("hi")), Ok(MessageContent("hi".into())));
+        let parts = json!([
+            {"type": "text", "text": "first"},
+            {"type": "text", "text": "second", "extra": true},
+        ]);
+        assert_eq!(
+            parse::<MessageContent>(parts),
+            Ok(MessageContent("first\nsecond".into()))
+        );
+        assert_eq!(parse::<MessageContent>(json!([])), Ok(MessageContent::default()));
+        let image = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
+        let err = parse::<MessageContent>(image).expect_err("images unsupported");
+        assert!(err.contains("image_url"), "{err}");
+        assert!(parse::<MessageContent>(json!([{"text": "no type"}])).is_err());
+        assert!(parse::<MessageContent>(json!(3)).is_err());
+    }
+
+    #[test]
+    fn message_keys_beyond_role_content_name_are_ignored() {
+        let msg: ChatMessage = parse(json!({
+            "role": "assistant", "content": null, "tool_calls": [], "name": "bot"
+        }))
+        .expect("parses");
+        assert_eq!(msg.content, None);
+        assert_eq!(msg.name.as_deref(), Some("bot"));
+    }
+
+    #[test]
+    fn prompt_forms() {
+        assert_eq!(parse::<Prompt>(json!("x")), Ok(Prompt::Text("x".into())));
+        assert_eq!(parse::<Prompt>(json!(["x"])), Ok(Prompt::Text("x".into())));
+        assert_eq!(parse::<Prompt>(json!([1, 2])), Ok(Prompt::TokenIds(vec![1, 2])));
+        for bad in [json!([]), json!(["a", "b"]), json!([[1]]), json!([-1]), json!([1.5]), json!(3)] {
+            assert!(parse::<Prompt>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+}

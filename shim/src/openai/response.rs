@@ -1,0 +1,259 @@
+//! Response objects: `chat.completion`, `chat.completion.chunk`,
+//! `text_completion` (whole and streamed), usage, and models.
+//!
+//! `logprobs` is always null (not supported yet). On chunks, `usage` is left
+//! out unless the client asked for it with `stream_options.include_usage`;
+//! then it is null on every chunk but the last, as in OpenAI's API.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// What every response object of one request shares.
+#[derive(Debug, Clone, Serialize)]
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+}
+
+/// Reported as `system_fingerprint`: the shim's build.
+pub const SYSTEM_FINGERPRINT: &str = concat!("gyre-", env!("CARGO_PKG_VERSION"));
+
+impl Meta {
+    /// A fresh id `<prefix>-<uuid>` created now, for `model`.
+    pub fn new(prefix: &str, model: &str) -> Self {
+        Self {
+            id: format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+            created: unix_now(),
+            model: model.to_owned(),
+            system_fingerprint: SYSTEM_FINGERPRINT,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+impl From<gyre_api::v1::Usage> for Usage {
+    fn from(u: gyre_api::v1::Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_tokens,
+            },
+        }
+    }
+}
+
+/// Always-null `logprobs`.
+type NoLogprobs = Option<()>;
+
+/// A whole `chat.completion`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    #[serde(flatten)]
+    pub meta: Meta,
+    pub object: &'static str,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+/// The one choice of a `chat.completion`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: NoLogprobs,
+    pub finish_reason: &'static str,
+}
+
+/// The generated message.
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+    pub refusal: Option<String>,
+}
+
+impl ChatCompletion {
+    pub fn new(meta: Meta, content: String, finish_reason: &'static str, usage: Usage) -> Self {
+        Self {
+            meta,
+            object: "chat.completion",
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    refusal: None,
+                },
+                logprobs: None,
+                finish_reason,
+            }],
+            usage,
+        }
+    }
+}
+
+/// One `chat.completion.chunk`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk<'a> {
+    #[serde(flatten)]
+    pub meta: &'a Meta,
+    pub object: &'static str,
+    pub choices: Vec<ChunkChoice<'a>>,
+    /// Absent: usage not requested; `Some(None)`: null; `Some(Some(_))`: final.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+/// A choice of a chat chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChunkChoice<'a> {
+    pub index: u32,
+    pub delta: ChunkDelta<'a>,
+    pub logprobs: NoLogprobs,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The `delta` of a chat chunk; `{}` on the finishing chunk.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChunkDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+}
+
+/// A `text_completion`, whole or one streamed chunk of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextCompletion<'a> {
+    #[serde(flatten)]
+    pub meta: &'a Meta,
+    pub object: &'static str,
+    pub choices: Vec<TextChoice<'a>>,
+    /// As on [`ChatChunk::usage`]; always `Some(Some(_))` when not streamed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+/// A choice of a `text_completion`; `finish_reason` is null until the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct TextChoice<'a> {
+    pub index: u32,
+    pub text: &'a str,
+    pub logprobs: NoLogprobs,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelObject>,
+}
+
+/// One model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelObject {
+    pub id: String,
+    pub object: &'static str,
+    pub created: i64,
+    pub owned_by: String,
+    /// Extension (vLLM): context length in tokens.
+    pub max_model_len: u32,
+}
+
+impl From<gyre_api::v1::Model> for ModelObject {
+    fn from(m: gyre_api::v1::Model) -> Self {
+        Self {
+            id: m.id,
+            object: "model",
+            created: m.created,
+            owned_by: if m.owned_by.is_empty() {
+                "gyre".to_owned()
+            } else {
+                m.owned_by
+            },
+            max_model_len: m.max_model_len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn meta() -> Meta {
+        Meta {
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "m".into(),
+            system_fingerprint: "fp",
+        }
+    }
+
+    #[test]
+    fn chat_completion_shape() {
+        let usage = Usage::from(gyre_api::v1::Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            cached_tokens: 1,
+        });
+        let value = serde_json::to_value(ChatCompletion::new(meta(), "hi".into(), "stop", usage))
+            .expect("serializes");
+        assert_eq!(
+            value,
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
+                "system_fingerprint": "fp",
+                "choices": [{"index": 0,
+                    "message": {"role": "assistant", "content": "hi", "refusal": null},
+                    "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                    "prompt_tokens_details": {"cached_tokens": 1}},
+            })
+        );
+    }
+
+    #[test]
+    fn chunk_usage_is_absent_null_or_set() {
+        let meta = meta();
+        let chunk = |usage| ChatChunk {
+            meta: &meta,
+            object: "chat.completion.chunk",
+            choices: vec![],
+            usage,
+        };
+        let absent = serde_json::to_value(chunk(None)).expect("serializes");
+        assert!(absent.get("usage").is_none());
+        let null = serde_json::to_value(chunk(Some(None))).expect("serializes");
+        assert_eq!(null["usage"], serde_json::Value::Null);
+        let set = serde_json::to_value(chunk(Some(Some(Usage::default())))).expect("serializes");
+        assert_eq!(set["usage"]["total_tokens"], 0);
+    }
+}

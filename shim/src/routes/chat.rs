@@ -1,0 +1,94 @@
+//! `POST /v1/chat/completions`: one `GenerateStream` call per request,
+//! answered as a `chat.completion` or as `chat.completion.chunk` events.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+
+use crate::AppState;
+use crate::convert::ChatRequest;
+use crate::error::{Api, ApiError};
+use crate::extract::JsonObject;
+use crate::openai::response::{ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, Usage};
+use crate::sse::{self, ChunkFormat, json_event};
+use crate::upstream::Generation;
+
+/// The handler.
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Response, ApiError> {
+    let request = ChatRequest::from_body(&body)?;
+    drop(body);
+    let meta = Meta::new("chatcmpl", &request.common.model);
+    let (proto, mode) = request.into_proto(&meta.id)?;
+    let generation = Generation::start(&state, &headers, proto, Api::Chat).await?;
+    if mode.stream {
+        let format = ChatChunks {
+            meta,
+            include_usage: mode.include_usage,
+        };
+        return Ok(sse::response(generation, format));
+    }
+    let out = generation.collect().await?;
+    let completion = ChatCompletion::new(meta, out.text, out.finish_reason, out.usage);
+    Ok(Json(completion).into_response())
+}
+
+/// Chunk shapes of a streamed chat completion.
+struct ChatChunks {
+    meta: Meta,
+    include_usage: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: ChunkDelta<'_>, finish_reason: Option<&'static str>) -> Event {
+        json_event(&ChatChunk {
+            meta: &self.meta,
+            object: "chat.completion.chunk",
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: self.include_usage.then_some(None),
+        })
+    }
+}
+
+impl ChunkFormat for ChatChunks {
+    fn opening(&self) -> Option<Event> {
+        let delta = ChunkDelta {
+            role: Some("assistant"),
+            content: Some(""),
+        };
+        Some(self.chunk(delta, None))
+    }
+
+    fn text(&self, text: &str) -> Event {
+        let delta = ChunkDelta {
+            role: None,
+            content: Some(text),
+        };
+        self.chunk(delta, None)
+    }
+
+    fn finish(&self, reason: &'static str) -> Event {
+        self.chunk(ChunkDelta::default(), Some(reason))
+    }
+
+    fn usage(&self, usage: Usage) -> Option<Event> {
+        self.include_usage.then(|| {
+            json_event(&ChatChunk {
+                meta: &self.meta,
+                object: "chat.completion.chunk",
+                choices: vec![],
+                usage: Some(Some(usage)),
+            })
+        })
+    }
+}

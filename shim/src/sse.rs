@@ -1,0 +1,103 @@
+//! Server-Sent Events: drives a [`Generation`] and frames it as OpenAI does.
+//!
+//! The event sequence is: the opening chunk (chat: the assistant role), one
+//! chunk per non-empty text delta, ONE finishing chunk with `finish_reason`,
+//! the usage chunk when asked for, then `data: [DONE]`. An error after the
+//! stream started is sent as one `data: {"error":{...}}` event and the stream
+//! ends without `[DONE]`.
+//!
+//! The event stream owns the [`Generation`] (no spawned task), so when the
+//! client disconnects and the body is dropped, the gRPC call is cancelled.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt, stream};
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::openai::response::Usage;
+use crate::upstream::{Generation, Step};
+
+/// How one endpoint shapes its chunks.
+pub trait ChunkFormat: Send + 'static {
+    /// The chunk sent before any text, if the endpoint has one.
+    fn opening(&self) -> Option<Event>;
+    /// A chunk carrying new text (never empty).
+    fn text(&self, text: &str) -> Event;
+    /// The chunk carrying `finish_reason`.
+    fn finish(&self, reason: &'static str) -> Event;
+    /// The usage-only chunk, or `None` when the client did not ask for it.
+    fn usage(&self, usage: Usage) -> Option<Event>;
+}
+
+/// An SSE event whose data is `value` as JSON.
+pub fn json_event<T: Serialize>(value: &T) -> Event {
+    Event::default()
+        .json_data(value)
+        .unwrap_or_else(|e| error_event(&ApiError::internal(e)))
+}
+
+/// The event that reports an error after streaming started.
+pub fn error_event(error: &ApiError) -> Event {
+    Event::default().data(error.body().to_string())
+}
+
+/// The SSE response for a started generation.
+pub fn response<F: ChunkFormat>(generation: Generation, format: F) -> Response {
+    Sse::new(events(generation, format))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// The event stream of a started generation (see the module docs).
+pub fn events<F: ChunkFormat>(
+    generation: Generation,
+    format: F,
+) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    let driver = Driver {
+        opening: format.opening(),
+        generation,
+        format,
+        done: false,
+    };
+    stream::unfold(driver, |mut driver| async move {
+        let batch = driver.next_events().await?;
+        Some((stream::iter(batch.into_iter().map(Ok)), driver))
+    })
+    .flatten()
+}
+
+struct Driver<F> {
+    opening: Option<Event>,
+    generation: Generation,
+    format: F,
+    done: bool,
+}
+
+impl<F: ChunkFormat> Driver<F> {
+    /// The next events, or `None` once the stream is over.
+    async fn next_events(&mut self) -> Option<Vec<Event>> {
+        if self.done {
+            return None;
+        }
+        if let Some(opening) = self.opening.take() {
+            return Some(vec![opening]);
+        }
+        match self.generation.next().await {
+            Ok(Step::Text(text)) => Some(vec![self.format.text(&text)]),
+            Ok(Step::Finished { reason, usage }) => {
+                self.done = true;
+                let mut events = vec![self.format.finish(reason)];
+                events.extend(self.format.usage(usage));
+                events.push(Event::default().data("[DONE]"));
+                Some(events)
+            }
+            Err(error) => {
+                self.done = true;
+                Some(vec![error_event(&error)])
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The gRPC side: building calls (metadata, deadline) and reading one
+//! `GenerateStream` call as a sequence of [`Step`]s.
+//!
+//! A [`Generation`] owns its `tonic::Streaming`; dropping it (for example
+//! because the HTTP client went away and the SSE body was dropped) resets the
+//! HTTP/2 stream, which cancels the generation on the service. Nothing else
+//! holds the stream: no task is spawned here.
+
+use axum::http::HeaderMap;
+use gyre_api::v1::{self as pb, FinishReason, generate_response::Event};
+use tonic::Streaming;
+use tonic::metadata::AsciiMetadataValue;
+
+use crate::AppState;
+use crate::error::{Api, ApiError};
+use crate::openai::response::Usage;
+
+/// HTTP headers passed on to the service as gRPC metadata (W3C trace context).
+const FORWARDED_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Wraps `message` as a gRPC request: deadline, `authorization` (the
+/// configured key, or else the HTTP client's own header) and trace context.
+pub fn grpc_request<T>(state: &AppState, headers: &HeaderMap, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(timeout) = state.request_timeout {
+        request.set_timeout(timeout);
+    }
+    let metadata = request.metadata_mut();
+    let client_auth = || {
+        headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| AsciiMetadataValue::try_from(v.as_bytes()).ok())
+            .map(|mut v| {
+                v.set_sensitive(true);
+                v
+            })
+    };
+    if let Some(auth) = state.grpc_auth.clone().or_else(client_auth) {
+        metadata.insert("authorization", auth);
+    }
+    for name in FORWARDED_HEADERS {
+        let value = headers
+            .get(name)
+            .and_then(|v| AsciiMetadataValue::try_from(v.as_bytes()).ok());
+        if let Some(value) = value {
+            metadata.insert(name, value);
+        }
+    }
+    request
+}
+
+/// What a generation produced next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// New text (never empty).
+    Text(String),
+    /// The end: OpenAI's `finish_reason` and the token counts.
+    Finished { reason: &'static str, usage: Usage },
+}
+
+/// One running `GenerateStream` call.
+pub struct Generation {
+    stream: Streaming<pb::GenerateResponse>,
+    /// The first step, read by [`Generation::start`].
+    peeked: Option<Step>,
+    api: Api,
+}
+
+/// The whole output of a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collected {
+    pub text: String,
+    pub finish_reason: &'static str,
+    pub usage: Usage,
+}
+
+impl Generation {
+    /// Starts the call and waits for its first step, so that errors the
+    /// service reports before any output (bad input, unknown model, queue
+    /// full) become HTTP errors rather than errors inside an event stream.
+    pub async fn start(
+        state: &AppState,
+        headers: &HeaderMap,
+        request: pb::Request,
+        api: Api,
+    ) -> Result<Self, ApiError> {
+        let mut client = state.client.clone();
+        let stream = client
+            .generate_stream(grpc_request(state, headers, request))
+            .await
+            .map_err(|status| ApiError::from_status(&status, api))?
+            .into_inner();
+        let mut generation = Self {
+            stream,
+            peeked: None,
+            api,
+        };
+        let first = generation.next().await?;
+        generation.peeked = Some(first);
+        Ok(generation)
+    }
+
+    /// The next step; deltas without text (token ids only) are skipped.
+    /// Call no more after `Finished` or an error.
+    pub async fn next(&mut self) -> Result<Step, ApiError> {
+        if let Some(step) = self.peeked.take() {
+            return Ok(step);
+        }
+        loop {
+            let response = self
+                .stream
+                .message()
+                .await
+                .map_err(|status| ApiError::from_status(&status, self.api))?
+                .ok_or_else(|| ApiError::internal("gRPC stream ended without a finish event"))?;
+            match response.event {
+                Some(Event::Delta(delta)) if !delta.text.is_empty() => {
+                    return Ok(Step::Text(delta.text));
+                }
+                // Token ids without text, or an event this shim does not know.
+                Some(Event::Delta(_)) | None => {}
+                Some(Event::Finish(finish)) => return finish_step(finish, self.api),
+            }
+        }
+    }
+
+    /// Reads the generation to its end.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.next().await? {
+                Step::Text(t) => text.push_str(&t),
+                Step::Finished { reason, usage } => {
+                    return Ok(Collected {
+                        text,
+                        finish_reason: reason,
+                        usage,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Maps a `Finish` event: STOP / LENGTH end normally, CANCELLED / ERROR are
+/// errors (the service cancelled, since this client did not).
+fn finish_step(finish: pb::Finish, api: Api) -> Result<Step, ApiError> {
+    let usage = Usage::from(finish.usage.unwrap_or_default());
+    let reason = match FinishReason::try_from(finish.reason) {
+        Ok(FinishReason::Stop) => "stop",
+        Ok(FinishReason::Length) => "length",
+        Ok(reason @ (FinishReason::Cancelled | FinishReason::Error)) => {
+            return Err(match (&finish.error, reason) {
+                (Some(error), _) => ApiError::from_request_error(error, api),
+                (None, FinishReason::Cancelled) => ApiError::from_status(
+                    &tonic::Status::cancelled("the service cancelled the request"),
+                    api,
+                ),
+                (None, _) => ApiError::internal("finish reason ERROR without an error"),
+            });
+        }
+        Ok(FinishReason::Unspecified) | Err(_) => {
+            tracing::warn!(reason = finish.reason, "unknown finish reason, reporting stop");
+            "stop"
+        }
+    };
+    Ok(Step::Finished { reason, usage })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finish(reason: FinishReason, error: Option<pb::RequestError>) -> pb::Finish {
+        pb::Finish {
+            reason: reason as i32,
+            usage: Some(pb::Usage {
+                prompt_tokens: 4,
+                completion_tokens: 2,
+                cached_tokens: 0,
+            }),
+            error,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn finish_reasons_map() {
+        let step = finish_step(finish(FinishReason::Length, None), Api::Chat).expect("ok");
+        let Step::Finished { reason, usage } = step else {
+            panic!("finished expected");
+        };
+        assert_eq!((reason, usage.total_tokens), ("length", 6));
+        let step = finish_step(finish(FinishReason::Stop, None), Api::Chat).expect("ok");
+        assert!(matches!(step, Step::Finished { reason: "stop", .. }));
+    }
+
+    #[test]
+    fn error_finishes_are_errors() {
+        let error = pb::RequestError {
+            code: tonic::Code::InvalidArgument as i32,
+            message: "prompt too long".into(),
+            reason: "PROMPT_TOO_LONG".into(),
+            field: String::new(),
+        };
+        let err = finish_step(finish(FinishReason::Error, Some(error)), Api::Chat)
+            .expect_err("error");
+        assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
+        let err = finish_step(finish(FinishReason::Cancelled, None), Api::Chat)
+            .expect_err("cancelled");
+        assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        let err = finish_step(finish(FinishReason::Error, None), Api::Chat).expect_err("error");
+        assert_eq!(err.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
