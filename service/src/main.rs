@@ -1,1 +1,173 @@
-fn main(){}
+//! The `gyre` binary.
+//!
+//! - `gyre serve`: the gRPC service and the OpenAI-compatible HTTP shim in one
+//!   process (the shim reaches the service over gRPC on loopback, exactly as a
+//!   standalone `gyre-shim` would).
+//! - `gyre grpc`: the gRPC service alone.
+//!
+//! Every flag is also an environment variable (`GYRE_*`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gyre_engine::DeviceChoice;
+use gyre_service::runtime::ModelRuntime;
+use gyre_service::server::serve_grpc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Parser)]
+#[command(name = "gyre", version, about = "gRPC-first LLM inference server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve gRPC and the OpenAI-compatible HTTP API.
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        grpc: GrpcArgs,
+        /// Address of the OpenAI-compatible HTTP API.
+        #[arg(long, env = "GYRE_HTTP_ADDR", default_value = "127.0.0.1:8000")]
+        http_addr: String,
+    },
+    /// Serve the gRPC API only.
+    Grpc {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        grpc: GrpcArgs,
+    },
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// HuggingFace model directory (config.json, *.safetensors, tokenizer.json, ...).
+    /// Default: the demo model that `make models` builds.
+    #[arg(long, env = "GYRE_MODEL", default_value = ".gyre/models/tiny-qwen2")]
+    model: PathBuf,
+    /// Model id clients use (default: the directory's name).
+    #[arg(long, env = "GYRE_SERVED_MODEL_NAME")]
+    served_model_name: Option<String>,
+    /// Where to run the model.
+    #[arg(long, env = "GYRE_DEVICE", value_enum, default_value = "auto")]
+    device: Device,
+}
+
+#[derive(Args)]
+struct GrpcArgs {
+    /// Address of the gRPC API.
+    #[arg(long, env = "GYRE_GRPC_ADDR", default_value = "127.0.0.1:50051")]
+    grpc_addr: String,
+    /// When set, clients must send `Authorization: Bearer <key>` (HTTP) or
+    /// the `authorization` metadata (gRPC; health and reflection excepted).
+    #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Device {
+    /// CUDA when available, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+fn announce(line: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
+    let device = match args.device {
+        Device::Auto => DeviceChoice::Auto,
+        Device::Cpu => DeviceChoice::Cpu,
+        Device::Cuda => DeviceChoice::Cuda,
+    };
+    let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(&args.model, args.served_model_name, device))
+        .await??;
+    Ok(Arc::new(rt))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    let _ = stop_tx.send(true);
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down");
+        let _ = stop_tx.send(true);
+    });
+
+    let (model, grpc, http_addr) = match cli.command {
+        Command::Serve { model, grpc, http_addr } => (model, grpc, Some(http_addr)),
+        Command::Grpc { model, grpc } => (model, grpc, None),
+    };
+    let runtime = load(model).await?;
+    let grpc_listener = TcpListener::bind(&grpc.grpc_addr)
+        .await
+        .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
+    let grpc_local = grpc_listener.local_addr()?;
+    let grpc_task = tokio::spawn(serve_grpc(
+        grpc_listener,
+        vec![runtime],
+        grpc.api_key.clone(),
+        shutdown_signal(stop_rx.clone()),
+    ));
+    announce(format!("gyre: gRPC listening on http://{grpc_local}"));
+
+    let http_task = match http_addr {
+        Some(addr) => {
+            let listener = TcpListener::bind(&addr)
+                .await
+                .with_context(|| format!("cannot bind HTTP address {addr}"))?;
+            let local = listener.local_addr()?;
+            let mut cfg = gyre_shim::ShimConfig::new(format!("http://{grpc_local}"));
+            cfg.api_key = grpc.api_key;
+            let state = gyre_shim::connect(cfg).await?;
+            announce(format!("gyre: HTTP listening on http://{local}"));
+            Some(tokio::spawn(gyre_shim::serve(listener, state, shutdown_signal(stop_rx.clone()))))
+        }
+        None => None,
+    };
+    grpc_task.await??;
+    if let Some(t) = http_task {
+        t.await??;
+    }
+    Ok(())
+}

@@ -50,6 +50,24 @@ fn chat_template_source(dir: &Path, cfg: &Value) -> Option<String> {
     }
 }
 
+/// The text side of a model directory: its tokenizer and chat template.
+pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)> {
+    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
+    let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
+        Err(_) => Value::Null,
+    };
+    let template = match chat_template_source(dir, &cfg) {
+        Some(src) => Some(
+            ChatTemplate::new(&src, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))
+                .map_err(|e| load_err(dir, e))?,
+        ),
+        None => None,
+    };
+    Ok((tokenizer, template))
+}
+
 impl ModelRuntime {
     /// Loads tokenizer, template and weights (blocking; seconds to minutes).
     pub fn load(dir: &Path, served_name: Option<String>, device: DeviceChoice) -> anyhow::Result<Self> {
@@ -59,19 +77,7 @@ impl ModelRuntime {
                 "no config.json there (run `make models` to build the demo models, or pass --model <HF dir>)",
             ));
         }
-        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
-        let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
-            Err(_) => Value::Null,
-        };
-        let template = match chat_template_source(dir, &cfg) {
-            Some(src) => Some(
-                ChatTemplate::new(&src, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))
-                    .map_err(|e| load_err(dir, e))?,
-            ),
-            None => None,
-        };
+        let (tokenizer, template) = load_text(dir)?;
         tracing::info!(model = %dir.display(), "loading model");
         let started = std::time::Instant::now();
         let mut opts = EngineOptions::new(dir);

@@ -67,7 +67,7 @@ impl ChatTemplate {
             .get_template("chat")
             .map_err(|e| TemplateError::Render(e.to_string()))?;
         let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
+            messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
@@ -249,7 +249,7 @@ mod tests {
         let out = env
             .get_template("chat")
             .and_then(|tm| {
-                tm.render(minijinja::context! { x => serde_json::json!({"a": [1, "é"], "b": {}}) })
+                tm.render(minijinja::context! { x => Value::from(minijinja::value::Serde(serde_json::json!({"a": [1, "é"], "b": {}}))) })
             })
             .expect("renders");
         assert_eq!(out, "{\"a\": [1, \"é\"], \"b\": {}}|{\n  \"a\": [\n    1,\n    \"é\"\n  ],\n  \"b\": {}\n}");

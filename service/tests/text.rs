@@ -1,0 +1,109 @@
+//! The text side against transformers, on the fixture models' real
+//! tokenizers and chat templates:
+//! - chat templates render byte for byte as transformers' `apply_chat_template`
+//!   (and tokenize to the same ids);
+//! - the incremental detokenizer, fed one token at a time, never emits a
+//!   broken character and adds up to the full decode, including text whose
+//!   characters are split across byte-fallback tokens.
+
+use std::path::PathBuf;
+
+use gyre_service::detok::IncrementalDecoder;
+use gyre_service::runtime::load_text;
+use gyre_service::template::TemplateMessage;
+use serde_json::Value;
+
+const MODELS: [&str; 3] = ["tiny-llama", "tiny-mistral", "tiny-qwen2"];
+
+fn model_dir(name: &str) -> PathBuf {
+    std::env::var_os("GYRE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.gyre/models"))
+        .join(name)
+}
+
+fn golden(name: &str) -> Value {
+    let p = model_dir(name).join("golden.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}; build the fixtures first: `make models`", p.display()));
+    serde_json::from_str(&text).expect("golden.json parses")
+}
+
+#[test]
+fn chat_templates_render_like_transformers() {
+    let mut checked = 0;
+    for name in MODELS {
+        let (tok, template) = load_text(&model_dir(name)).expect("loads");
+        let template = template.expect("fixture models have chat templates");
+        let g = golden(name);
+        for case in g["chat_renders"].as_array().expect("renders") {
+            let msgs: Vec<TemplateMessage> = case["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .map(|m| TemplateMessage {
+                    role: m["role"].as_str().expect("role").into(),
+                    content: m["content"].as_str().expect("content").into(),
+                    name: None,
+                })
+                .collect();
+            let agp = case["add_generation_prompt"].as_bool().expect("agp");
+            let ours = template.render(&msgs, agp);
+            match case.get("text").and_then(Value::as_str) {
+                Some(want) => {
+                    let ours = ours.unwrap_or_else(|e| panic!("{name}: render failed: {e}"));
+                    assert_eq!(ours, want, "{name}: render differs for {}", case["messages"]);
+                    let ids = tok.encode(ours.as_str(), false).expect("encode").get_ids().to_vec();
+                    let want_ids: Vec<u32> = case["token_ids"]
+                        .as_array()
+                        .expect("ids")
+                        .iter()
+                        .map(|x| x.as_u64().expect("id") as u32)
+                        .collect();
+                    assert_eq!(ids, want_ids, "{name}: token ids differ for {}", case["messages"]);
+                }
+                None => assert!(ours.is_err(), "{name}: transformers raised, we rendered"),
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "only {checked} renders checked");
+}
+
+#[test]
+fn incremental_decode_is_whole_characters_and_lossless() {
+    let text = "Ünïcödé 日本語 🙂🦀 龘𝔘𝔫𝔦 naïve café — ok";
+    for name in MODELS {
+        let (tok, _) = load_text(&model_dir(name)).expect("loads");
+        let ids = tok.encode(text, false).expect("encode").get_ids().to_vec();
+        let full = tok.decode(&ids, true).expect("decode");
+        let mut d = IncrementalDecoder::new(true);
+        let mut out = String::new();
+        let mut pieces = 0;
+        for &id in &ids {
+            let piece = d.push(&tok, id).expect("push");
+            assert!(!piece.contains('\u{FFFD}'), "{name}: broken character emitted: {piece:?}");
+            if !piece.is_empty() {
+                pieces += 1;
+            }
+            out.push_str(&piece);
+        }
+        out.push_str(&d.flush(&tok).expect("flush"));
+        assert_eq!(out, full, "{name}: incremental != full decode");
+        // Tokens holding part of a character must have been held back.
+        let split = ids
+            .iter()
+            .filter(|&&id| tok.decode(&[id], true).expect("decode").contains('\u{FFFD}'))
+            .count();
+        assert!(split > 0, "{name}: the text should split some characters across tokens");
+        assert!(pieces < ids.len(), "{name}: {split} partial tokens, yet nothing was held back");
+    }
+}
+
+#[test]
+fn broken_tokenizer_file_fails_with_a_clear_error() {
+    // shared/data's llama-2 tokenizer.json is known-bad (invalid merges).
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tokenizers/llama-2");
+    let err = load_text(&dir).err().expect("must fail").to_string();
+    assert!(err.contains("tokenizer.json"), "unclear error: {err}");
+}
