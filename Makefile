@@ -17,13 +17,16 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv node models build serve test test-rust test-e2e lint
+.PHONY: help setup venv node models clients build serve test test-rust test-e2e lint
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
 	@echo "make test    # set up, build, and run every test"
 
-setup: venv node models
+setup: venv node models clients
+
+clients: $(VENV)/.installed
+	$(PY) clients/python/generate.py
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements-dev.txt
