@@ -101,7 +101,11 @@ pub const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen
 fn ids(v: &Option<Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -135,11 +139,17 @@ impl ModelConfig {
             )));
         }
         if raw.num_attention_heads <= 0 || raw.hidden_size % raw.num_attention_heads != 0 {
-            return Err(load_err(dir, "hidden_size must be a multiple of num_attention_heads"));
+            return Err(load_err(
+                dir,
+                "hidden_size must be a multiple of num_attention_heads",
+            ));
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         if num_kv_heads <= 0 || raw.num_attention_heads % num_kv_heads != 0 {
-            return Err(load_err(dir, "num_attention_heads must be a multiple of num_key_value_heads"));
+            return Err(load_err(
+                dir,
+                "num_attention_heads must be a multiple of num_key_value_heads",
+            ));
         }
         // transformers 5 moved rope settings into `rope_parameters`.
         let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
@@ -165,7 +175,9 @@ impl ModelConfig {
             num_layers: raw.num_hidden_layers,
             num_heads: raw.num_attention_heads,
             num_kv_heads,
-            head_dim: raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads),
+            head_dim: raw
+                .head_dim
+                .unwrap_or(raw.hidden_size / raw.num_attention_heads),
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta,
             rope_scaling,
@@ -177,7 +189,11 @@ impl ModelConfig {
             eos_token_ids: eos,
             bos_token_id: bos,
             // A generation config that says do_sample=false means greedy.
-            default_temperature: if sampling { gen_cfg.temperature } else { Some(0.0) },
+            default_temperature: if sampling {
+                gen_cfg.temperature
+            } else {
+                Some(0.0)
+            },
             default_top_p: gen_cfg.top_p,
             default_top_k: gen_cfg.top_k,
         })
@@ -206,6 +222,8 @@ fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<Option<Llama3Scaling>,
                 original_max_position_embeddings: f("original_max_position_embeddings")?,
             }))
         }
-        other => Err(EngineError::Unsupported(format!("rope scaling type {other:?}"))),
+        other => Err(EngineError::Unsupported(format!(
+            "rope scaling type {other:?}"
+        ))),
     }
 }

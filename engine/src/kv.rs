@@ -51,7 +51,9 @@ impl KvCache {
             let mut size = t.size();
             size[0] = cap;
             let bigger = Tensor::f_zeros(&size, (t.kind(), t.device()))?;
-            bigger.f_narrow(0, 0, self.len)?.f_copy_(&t.f_narrow(0, 0, self.len)?)?;
+            bigger
+                .f_narrow(0, 0, self.len)?
+                .f_copy_(&t.f_narrow(0, 0, self.len)?)?;
             *t = bigger;
         }
         self.cap = cap;
@@ -75,8 +77,14 @@ impl KvCache {
         self.v[layer].f_narrow(0, past, len)?.f_copy_(v)?;
         // [1, heads, len, hd] against [1, kv_heads, total, hd]
         let q = q.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let keys = self.k[layer].f_narrow(0, 0, total)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let vals = self.v[layer].f_narrow(0, 0, total)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
+        let keys = self.k[layer]
+            .f_narrow(0, 0, total)?
+            .f_transpose(0, 1)?
+            .f_unsqueeze(0)?;
+        let vals = self.v[layer]
+            .f_narrow(0, 0, total)?
+            .f_transpose(0, 1)?
+            .f_unsqueeze(0)?;
         let out = if len == 1 {
             Tensor::f_scaled_dot_product_attention::<Tensor>(
                 &q, &keys, &vals, None, 0.0, false, None, true,
@@ -87,7 +95,8 @@ impl KvCache {
             )?
         } else {
             // Query i (at position past + i) sees keys 0..=past + i.
-            let qi = Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
+            let qi =
+                Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
             let kj = Tensor::f_arange(total, (Kind::Int64, q.device()))?.f_unsqueeze(0)?;
             let mask = kj.f_le_tensor(&qi)?;
             Tensor::f_scaled_dot_product_attention(

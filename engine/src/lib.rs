@@ -170,13 +170,18 @@ impl Engine {
 
     /// Checks a request against the model and queues it. Returns the
     /// request's event stream; drop it to cancel.
-    pub fn submit(&self, req: GenerateRequest) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
         self.validate(&req)?;
         let (events, rx) = mpsc::unbounded_channel();
-        self.tx.try_send(Command::Add { req, events }).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
-            mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
-        })?;
+        self.tx
+            .try_send(Command::Add { req, events })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            })?;
         Ok(rx)
     }
 
@@ -188,7 +193,12 @@ impl Engine {
             return Err(EngineError::ZeroMaxTokens);
         }
         let vocab = self.info.vocab_size;
-        if let Some(&id) = req.prompt.iter().chain(&req.stop_token_ids).find(|&&t| t >= vocab) {
+        if let Some(&id) = req
+            .prompt
+            .iter()
+            .chain(&req.stop_token_ids)
+            .find(|&&t| t >= vocab)
+        {
             return Err(EngineError::TokenOutOfVocab { id, vocab });
         }
         let prompt = req.prompt.len() as u64;

@@ -71,7 +71,11 @@ impl Weights {
         Ok(t.f_to_device(self.device)?.f_to_kind(self.kind)?)
     }
     fn maybe(&mut self, name: &str, want: bool) -> Result<Option<Tensor>, EngineError> {
-        if want { self.take(name).map(Some) } else { Ok(None) }
+        if want {
+            self.take(name).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }
 
@@ -234,7 +238,11 @@ impl Llama {
     }
 
     pub(crate) fn kv_shape(&self) -> (i64, i64, i64) {
-        (self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
+        (
+            self.cfg.num_layers,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+        )
     }
 }
 
@@ -242,7 +250,9 @@ impl Llama {
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, EngineError> {
     let kind = x.kind();
     let h = x.f_to_kind(Kind::Float)?;
-    let var = h.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
+    let var = h
+        .f_pow_tensor_scalar(2)?
+        .f_mean_dim(-1, true, Kind::Float)?;
     let h = h.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
     Ok(w.f_mul(&h.f_to_kind(kind)?)?)
 }
@@ -254,8 +264,7 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineEr
     let x2 = x.f_narrow(2, half, half)?;
     let rot = Tensor::f_cat(&[x2.f_neg()?, x1], 2)?;
     let kind = x.kind();
-    Ok(x
-        .f_mul(&cos.f_to_kind(kind)?)?
+    Ok(x.f_mul(&cos.f_to_kind(kind)?)?
         .f_add(&rot.f_mul(&sin.f_to_kind(kind)?)?)?)
 }
 
@@ -273,7 +282,9 @@ fn inv_freq(cfg: &ModelConfig) -> Result<Tensor, EngineError> {
     };
     let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
     let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    let wavelen = inv.f_reciprocal()?.f_mul_scalar(2.0 * std::f64::consts::PI)?;
+    let wavelen = inv
+        .f_reciprocal()?
+        .f_mul_scalar(2.0 * std::f64::consts::PI)?;
     let scaled = inv
         .f_div_scalar(s.factor)?
         .f_where_self(&wavelen.f_gt(low_wavelen)?, &inv)?;
@@ -298,5 +309,8 @@ fn rope_tables(cfg: &ModelConfig, device: Device) -> Result<(Tensor, Tensor), En
     let t = Tensor::f_arange(cfg.max_position_embeddings, (Kind::Float, Device::Cpu))?;
     let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
     let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
-    Ok((emb.f_cos()?.f_to_device(device)?, emb.f_sin()?.f_to_device(device)?))
+    Ok((
+        emb.f_cos()?.f_to_device(device)?,
+        emb.f_sin()?.f_to_device(device)?,
+    ))
 }

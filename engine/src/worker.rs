@@ -147,7 +147,9 @@ impl Worker {
             if let Err(e) = self.step() {
                 tracing::error!(error = %e, "engine step failed");
                 for s in self.running.drain(..) {
-                    let _ = s.events.send(Event::Failed(EngineError::Step(e.to_string())));
+                    let _ = s
+                        .events
+                        .send(Event::Failed(EngineError::Step(e.to_string())));
                 }
             }
         }
@@ -195,7 +197,11 @@ impl Worker {
                 s.cache = Some(KvCache::new(&self.model, cap)?);
             }
         }
-        let pending: Vec<Vec<u32>> = self.running.iter_mut().map(|s| std::mem::take(&mut s.pending)).collect();
+        let pending: Vec<Vec<u32>> = self
+            .running
+            .iter_mut()
+            .map(|s| std::mem::take(&mut s.pending))
+            .collect();
         let mut inputs = Vec::with_capacity(self.running.len());
         let mut last_rows = Vec::with_capacity(self.running.len());
         let mut row = 0i64;
@@ -203,7 +209,10 @@ impl Worker {
             row += toks.len() as i64;
             last_rows.push(row - 1);
             if let Some(cache) = s.cache.as_mut() {
-                inputs.push(SeqInput { tokens: toks, cache });
+                inputs.push(SeqInput {
+                    tokens: toks,
+                    cache,
+                });
             }
         }
         let hidden = self.model.forward(&mut inputs)?;
@@ -226,7 +235,8 @@ impl Worker {
                 done.push(i);
                 continue;
             }
-            let is_stop = (!s.req.ignore_eos && s.eos.contains(&tok)) || s.req.stop_token_ids.contains(&tok);
+            let is_stop =
+                (!s.req.ignore_eos && s.eos.contains(&tok)) || s.req.stop_token_ids.contains(&tok);
             let total = s.req.prompt.len() + s.generated as usize;
             if is_stop {
                 s.finish(FinishReason::Stop(tok));
@@ -244,4 +254,3 @@ impl Worker {
         Ok(())
     }
 }
-

@@ -8,7 +8,9 @@
 
 use std::path::PathBuf;
 
-use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling, load_model};
+use gyre_engine::{
+    DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling, load_model,
+};
 use serde_json::Value;
 
 const MODELS: [&str; 3] = ["tiny-llama", "tiny-mistral", "tiny-qwen2"];
@@ -28,7 +30,10 @@ fn golden(model: &str) -> (PathBuf, Value) {
             dir.join("golden.json").display()
         )
     });
-    (dir, serde_json::from_str(&text).expect("golden.json parses"))
+    (
+        dir,
+        serde_json::from_str(&text).expect("golden.json parses"),
+    )
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -58,8 +63,14 @@ fn logits_match_transformers() {
                 max_diff = max_diff.max((*a as f64 - b.as_f64().expect("f")).abs());
             }
         }
-        println!("{name}: max |logit diff| vs transformers = {max_diff:.3e} over {} positions", ours.len());
-        assert!(max_diff <= TOLERANCE, "{name}: max abs logit diff {max_diff} > {TOLERANCE}");
+        println!(
+            "{name}: max |logit diff| vs transformers = {max_diff:.3e} over {} positions",
+            ours.len()
+        );
+        assert!(
+            max_diff <= TOLERANCE,
+            "{name}: max abs logit diff {max_diff} > {TOLERANCE}"
+        );
     }
 }
 
@@ -74,7 +85,9 @@ fn greedy_continuations_match_transformers_under_batching() {
         let mut opts = EngineOptions::new(&dir);
         opts.device = DeviceChoice::Cpu;
         let engine = Engine::start(opts).expect("engine starts");
-        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
         // The golden prompt three times, plus a shorter and a longer prompt
         // interleaved, all running concurrently.
         let mut reqs = Vec::new();
@@ -119,7 +132,10 @@ fn greedy_continuations_match_transformers_under_batching() {
             outs
         });
         for i in [0, 2, 4] {
-            assert_eq!(outs[i], want, "{name}: request {i} differs from transformers' greedy ids");
+            assert_eq!(
+                outs[i], want,
+                "{name}: request {i} differs from transformers' greedy ids"
+            );
         }
         // The other prompts, run alone, give what they gave in the batch.
         let model = load_model(&dir, DeviceChoice::Cpu).expect("model loads");
@@ -129,13 +145,16 @@ fn greedy_continuations_match_transformers_under_batching() {
             let _guard = tch::no_grad_guard();
             for _ in 0..want.len() {
                 let logits = model.score(&seq).expect("score");
-                let last: Vec<f32> = Vec::<f32>::try_from(logits.get(logits.size()[0] - 1)).expect("row");
+                let last: Vec<f32> =
+                    Vec::<f32>::try_from(logits.get(logits.size()[0] - 1)).expect("row");
                 let t = gyre_engine::argmax(&last);
                 alone.push(t);
                 seq.push(t);
             }
             assert_eq!(outs[i], alone, "{name}: request {i} batched != alone");
         }
-        println!("{name}: greedy 32-token continuation identical to transformers (5 concurrent requests)");
+        println!(
+            "{name}: greedy 32-token continuation identical to transformers (5 concurrent requests)"
+        );
     }
 }

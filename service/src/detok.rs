@@ -29,9 +29,15 @@ impl IncrementalDecoder {
     /// Adds one token; returns the text it completes (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, tokenizers::Error> {
         self.ids.push(id);
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special,
+        )?;
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let piece = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -43,7 +49,10 @@ impl IncrementalDecoder {
 
     /// Text still held back (an incomplete character at the very end).
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String, tokenizers::Error> {
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], self.skip_special)?;
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special,
+        )?;
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();

@@ -29,7 +29,11 @@ pub enum ServiceError {
 }
 
 impl ServiceError {
-    pub fn invalid(field: impl Into<String>, reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid(
+        field: impl Into<String>,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Self::InvalidArgument {
             field: field.into(),
             reason,
@@ -45,32 +49,72 @@ impl ServiceError {
                 field,
                 reason,
                 message,
-            } => (Code::InvalidArgument, reason, Some(field.clone()), message.clone()),
-            Self::ModelNotFound(_) => (Code::NotFound, "MODEL_NOT_FOUND", Some("model".into()), self.to_string()),
+            } => (
+                Code::InvalidArgument,
+                reason,
+                Some(field.clone()),
+                message.clone(),
+            ),
+            Self::ModelNotFound(_) => (
+                Code::NotFound,
+                "MODEL_NOT_FOUND",
+                Some("model".into()),
+                self.to_string(),
+            ),
             Self::Engine(e) => match e {
-                E::EmptyPrompt => (Code::InvalidArgument, "EMPTY_PROMPT", Some("input".into()), e.to_string()),
-                E::TokenOutOfVocab { .. } => {
-                    (Code::InvalidArgument, "TOKEN_OUT_OF_VOCABULARY", Some("input".into()), e.to_string())
-                }
+                E::EmptyPrompt => (
+                    Code::InvalidArgument,
+                    "EMPTY_PROMPT",
+                    Some("input".into()),
+                    e.to_string(),
+                ),
+                E::TokenOutOfVocab { .. } => (
+                    Code::InvalidArgument,
+                    "TOKEN_OUT_OF_VOCABULARY",
+                    Some("input".into()),
+                    e.to_string(),
+                ),
                 E::ContextTooLong { .. } => (
                     Code::InvalidArgument,
                     "CONTEXT_LENGTH_EXCEEDED",
                     Some("max_tokens".into()),
                     e.to_string(),
                 ),
-                E::ZeroMaxTokens => (Code::InvalidArgument, "INVALID_MAX_TOKENS", Some("max_tokens".into()), e.to_string()),
+                E::ZeroMaxTokens => (
+                    Code::InvalidArgument,
+                    "INVALID_MAX_TOKENS",
+                    Some("max_tokens".into()),
+                    e.to_string(),
+                ),
                 E::QueueFull => (
                     Code::ResourceExhausted,
                     "QUEUE_FULL",
                     None,
                     "the server is overloaded; retry later".into(),
                 ),
-                E::Stopped => (Code::Unavailable, "ENGINE_STOPPED", None, "the engine is not running".into()),
-                E::Load { .. } | E::Unsupported(_) | E::MissingWeight(_) | E::Step(_) | E::Torch(_) => {
-                    (Code::Internal, "MODEL_FAILURE", None, "the model failed to run this request".into())
-                }
+                E::Stopped => (
+                    Code::Unavailable,
+                    "ENGINE_STOPPED",
+                    None,
+                    "the engine is not running".into(),
+                ),
+                E::Load { .. }
+                | E::Unsupported(_)
+                | E::MissingWeight(_)
+                | E::Step(_)
+                | E::Torch(_) => (
+                    Code::Internal,
+                    "MODEL_FAILURE",
+                    None,
+                    "the model failed to run this request".into(),
+                ),
             },
-            Self::Internal(_) => (Code::Internal, "INTERNAL", None, "internal server error".into()),
+            Self::Internal(_) => (
+                Code::Internal,
+                "INTERNAL",
+                None,
+                "internal server error".into(),
+            ),
         }
     }
 }
@@ -103,18 +147,28 @@ mod tests {
 
     #[test]
     fn bad_input_maps_to_invalid_argument_with_field() {
-        let s = status(ServiceError::invalid("sampling.temperature", "OUT_OF_RANGE", "bad"));
+        let s = status(ServiceError::invalid(
+            "sampling.temperature",
+            "OUT_OF_RANGE",
+            "bad",
+        ));
         assert_eq!(s.code(), Code::InvalidArgument);
         let br = s.get_details_bad_request().expect("bad request details");
         assert_eq!(br.field_violations[0].field, "sampling.temperature");
-        assert_eq!(s.get_details_error_info().expect("info").reason, "OUT_OF_RANGE");
+        assert_eq!(
+            s.get_details_error_info().expect("info").reason,
+            "OUT_OF_RANGE"
+        );
     }
 
     #[test]
     fn engine_errors_map_per_table() {
         let cases = [
             (EngineError::EmptyPrompt, Code::InvalidArgument),
-            (EngineError::TokenOutOfVocab { id: 9, vocab: 5 }, Code::InvalidArgument),
+            (
+                EngineError::TokenOutOfVocab { id: 9, vocab: 5 },
+                Code::InvalidArgument,
+            ),
             (
                 EngineError::ContextTooLong {
                     prompt: 10,
@@ -126,15 +180,25 @@ mod tests {
             (EngineError::ZeroMaxTokens, Code::InvalidArgument),
             (EngineError::QueueFull, Code::ResourceExhausted),
             (EngineError::Stopped, Code::Unavailable),
-            (EngineError::Step("boom /secret/path".into()), Code::Internal),
+            (
+                EngineError::Step("boom /secret/path".into()),
+                Code::Internal,
+            ),
         ];
         for (e, code) in cases {
             let s = status(ServiceError::Engine(e));
             assert_eq!(s.code(), code);
-            assert!(!s.message().contains("/secret"), "internal details leaked: {}", s.message());
+            assert!(
+                !s.message().contains("/secret"),
+                "internal details leaked: {}",
+                s.message()
+            );
         }
         let s = status(ServiceError::ModelNotFound("x".into()));
         assert_eq!(s.code(), Code::NotFound);
-        assert_eq!(s.get_details_error_info().expect("info").reason, "MODEL_NOT_FOUND");
+        assert_eq!(
+            s.get_details_error_info().expect("info").reason,
+            "MODEL_NOT_FOUND"
+        );
     }
 }

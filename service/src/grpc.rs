@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use futures::Stream;
 use gyre_api::v1::{
-    self, Cancel, DetokenizeRequest, DetokenizeResponse, FinishReason, GenerateRequest, GenerateResponse,
-    ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse, generate_request::Action,
-    generate_response::Event as Ev, generation_server::Generation, tokenize_request,
+    self, Cancel, DetokenizeRequest, DetokenizeResponse, FinishReason, GenerateRequest,
+    GenerateResponse, ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse,
+    generate_request::Action, generate_response::Event as Ev, generation_server::Generation,
+    tokenize_request,
 };
 use gyre_engine::{Event, FinishReason as EngineFinish};
 use tokio::sync::{mpsc, oneshot};
@@ -44,7 +45,10 @@ impl GenerationService {
         }
     }
 
-    async fn prepare(&self, req: v1::Request) -> Result<(Prepared, mpsc::UnboundedReceiver<Event>), ServiceError> {
+    async fn prepare(
+        &self,
+        req: v1::Request,
+    ) -> Result<(Prepared, mpsc::UnboundedReceiver<Event>), ServiceError> {
         let models = self.models.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
             .await
@@ -99,13 +103,14 @@ async fn run(
         completion_tokens: completion,
         cached_tokens: 0,
     };
-    let finish = |reason: FinishReason, completion, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
-        reason: reason as i32,
-        usage: Some(usage(completion)),
-        matched_stop: stop,
-        matched_stop_token_id: stop_id,
-        error: None,
-    };
+    let finish =
+        |reason: FinishReason, completion, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
+            reason: reason as i32,
+            usage: Some(usage(completion)),
+            matched_stop: stop,
+            matched_stop_token_id: stop_id,
+            error: None,
+        };
     loop {
         let ev = tokio::select! {
             biased;
@@ -129,14 +134,36 @@ async fn run(
                 let piece = match detok.push(&tok, t) {
                     Ok(s) => s,
                     Err(e) => {
-                        fail(&id, &out, mode, ServiceError::Internal(format!("detokenize: {e}"))).await;
+                        fail(
+                            &id,
+                            &out,
+                            mode,
+                            ServiceError::Internal(format!("detokenize: {e}")),
+                        )
+                        .await;
                         return;
                     }
                 };
                 match stops.push(&piece) {
-                    StopOutcome::Continue(text) => event(&id, Ev::Delta(v1::Delta { text, token_ids: vec![t] })),
+                    StopOutcome::Continue(text) => event(
+                        &id,
+                        Ev::Delta(v1::Delta {
+                            text,
+                            token_ids: vec![t],
+                        }),
+                    ),
                     StopOutcome::Stopped(text, s) => {
-                        if out.send(Ok(event(&id, Ev::Delta(v1::Delta { text, token_ids: vec![t] })))).await.is_err() {
+                        if out
+                            .send(Ok(event(
+                                &id,
+                                Ev::Delta(v1::Delta {
+                                    text,
+                                    token_ids: vec![t],
+                                }),
+                            )))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                         let f = finish(FinishReason::Stop, generated, Some(s), None);
@@ -150,18 +177,41 @@ async fn run(
                 match stops.push(&tail) {
                     StopOutcome::Continue(t) => tail = t + &stops.finish(),
                     StopOutcome::Stopped(t, s) => {
-                        let _ = out.send(Ok(event(&id, Ev::Delta(v1::Delta { text: t, token_ids: vec![] })))).await;
+                        let _ = out
+                            .send(Ok(event(
+                                &id,
+                                Ev::Delta(v1::Delta {
+                                    text: t,
+                                    token_ids: vec![],
+                                }),
+                            )))
+                            .await;
                         let f = finish(FinishReason::Stop, u.completion_tokens, Some(s), None);
                         let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                         return;
                     }
                 }
-                if !tail.is_empty() && out.send(Ok(event(&id, Ev::Delta(v1::Delta { text: tail, token_ids: vec![] })))).await.is_err() {
+                if !tail.is_empty()
+                    && out
+                        .send(Ok(event(
+                            &id,
+                            Ev::Delta(v1::Delta {
+                                text: tail,
+                                token_ids: vec![],
+                            }),
+                        )))
+                        .await
+                        .is_err()
+                {
                     return;
                 }
                 let f = match reason {
-                    EngineFinish::Stop(t) => finish(FinishReason::Stop, u.completion_tokens, None, Some(t)),
-                    EngineFinish::Length => finish(FinishReason::Length, u.completion_tokens, None, None),
+                    EngineFinish::Stop(t) => {
+                        finish(FinishReason::Stop, u.completion_tokens, None, Some(t))
+                    }
+                    EngineFinish::Length => {
+                        finish(FinishReason::Length, u.completion_tokens, None, None)
+                    }
                 };
                 let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                 return;
@@ -171,7 +221,13 @@ async fn run(
                 return;
             }
             None => {
-                fail(&id, &out, mode, ServiceError::Internal("engine dropped the request".into())).await;
+                fail(
+                    &id,
+                    &out,
+                    mode,
+                    ServiceError::Internal("engine dropped the request".into()),
+                )
+                .await;
                 return;
             }
         };
@@ -249,7 +305,9 @@ impl Generation for GenerationService {
                         let (svc, out) = (svc.clone(), out.clone());
                         tokio::spawn(async move {
                             match svc.prepare(req).await {
-                                Ok((p, events)) => run(id, p, events, out, crx, Mode::Multiplexed).await,
+                                Ok((p, events)) => {
+                                    run(id, p, events, out, crx, Mode::Multiplexed).await
+                                }
                                 Err(e) => fail(&id, &out, Mode::Multiplexed, e).await,
                             }
                         });
@@ -293,40 +351,60 @@ impl Generation for GenerationService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn tokenize(&self, request: Request<TokenizeRequest>) -> Result<Response<TokenizeResponse>, Status> {
+    async fn tokenize(
+        &self,
+        request: Request<TokenizeRequest>,
+    ) -> Result<Response<TokenizeResponse>, Status> {
         let req = request.into_inner();
         let models = self.models.clone();
-        let resp = tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
-            let model = request::resolve(&models, &req.model)?;
-            let (prompt, ids) = match &req.input {
-                Some(tokenize_request::Input::Text(t)) => (t.clone(), model.encode(t, req.add_special_tokens.unwrap_or(true))?),
-                Some(tokenize_request::Input::Chat(c)) => {
-                    let msgs = request::chat_messages(c)?;
-                    let text = model.render_chat(&msgs, c.add_generation_prompt.unwrap_or(true))?;
-                    let ids = model.encode(&text, false)?;
-                    (text, ids)
-                }
-                None => return Err(ServiceError::invalid("input", "MISSING_INPUT", "text or chat is required")),
-            };
-            Ok(TokenizeResponse {
-                token_ids: ids,
-                max_model_len: model.engine.info().max_model_len,
-                prompt,
+        let resp =
+            tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
+                let model = request::resolve(&models, &req.model)?;
+                let (prompt, ids) = match &req.input {
+                    Some(tokenize_request::Input::Text(t)) => (
+                        t.clone(),
+                        model.encode(t, req.add_special_tokens.unwrap_or(true))?,
+                    ),
+                    Some(tokenize_request::Input::Chat(c)) => {
+                        let msgs = request::chat_messages(c)?;
+                        let text =
+                            model.render_chat(&msgs, c.add_generation_prompt.unwrap_or(true))?;
+                        let ids = model.encode(&text, false)?;
+                        (text, ids)
+                    }
+                    None => {
+                        return Err(ServiceError::invalid(
+                            "input",
+                            "MISSING_INPUT",
+                            "text or chat is required",
+                        ));
+                    }
+                };
+                Ok(TokenizeResponse {
+                    token_ids: ids,
+                    max_model_len: model.engine.info().max_model_len,
+                    prompt,
+                })
             })
-        })
-        .await
-        .map_err(|e| Status::from(ServiceError::Internal(e.to_string())))??;
+            .await
+            .map_err(|e| Status::from(ServiceError::Internal(e.to_string())))??;
         Ok(Response::new(resp))
     }
 
-    async fn detokenize(&self, request: Request<DetokenizeRequest>) -> Result<Response<DetokenizeResponse>, Status> {
+    async fn detokenize(
+        &self,
+        request: Request<DetokenizeRequest>,
+    ) -> Result<Response<DetokenizeResponse>, Status> {
         let req = request.into_inner();
         let model = request::resolve(&self.models, &req.model)?;
         let text = model.decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
         Ok(Response::new(DetokenizeResponse { text }))
     }
 
-    async fn list_models(&self, _: Request<ListModelsRequest>) -> Result<Response<ListModelsResponse>, Status> {
+    async fn list_models(
+        &self,
+        _: Request<ListModelsRequest>,
+    ) -> Result<Response<ListModelsResponse>, Status> {
         let models = self
             .models
             .iter()

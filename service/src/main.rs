@@ -96,8 +96,10 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
         Device::Cpu => DeviceChoice::Cpu,
         Device::Cuda => DeviceChoice::Cuda,
     };
-    let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(&args.model, args.served_model_name, device))
-        .await??;
+    let rt = tokio::task::spawn_blocking(move || {
+        ModelRuntime::load(&args.model, args.served_model_name, device)
+    })
+    .await??;
     Ok(Arc::new(rt))
 }
 
@@ -115,14 +117,15 @@ async fn main() -> anyhow::Result<()> {
         let ctrl_c = tokio::signal::ctrl_c();
         #[cfg(unix)]
         {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    let _ = stop_tx.send(true);
-                    return;
-                }
-            };
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = ctrl_c.await;
+                        let _ = stop_tx.send(true);
+                        return;
+                    }
+                };
             tokio::select! {
                 _ = ctrl_c => {}
                 _ = term.recv() => {}
@@ -135,7 +138,11 @@ async fn main() -> anyhow::Result<()> {
     });
 
     let (model, grpc, http_addr) = match cli.command {
-        Command::Serve { model, grpc, http_addr } => (model, grpc, Some(http_addr)),
+        Command::Serve {
+            model,
+            grpc,
+            http_addr,
+        } => (model, grpc, Some(http_addr)),
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let runtime = load(model).await?;
@@ -161,7 +168,11 @@ async fn main() -> anyhow::Result<()> {
             cfg.api_key = grpc.api_key;
             let state = gyre_shim::connect(cfg).await?;
             announce(format!("gyre: HTTP listening on http://{local}"));
-            Some(tokio::spawn(gyre_shim::serve(listener, state, shutdown_signal(stop_rx.clone()))))
+            Some(tokio::spawn(gyre_shim::serve(
+                listener,
+                state,
+                shutdown_signal(stop_rx.clone()),
+            )))
         }
         None => None,
     };

@@ -22,9 +22,15 @@ pub struct Prepared {
 }
 
 /// The model a request names; empty means the first one.
-pub fn resolve(models: &[Arc<ModelRuntime>], name: &str) -> Result<Arc<ModelRuntime>, ServiceError> {
+pub fn resolve(
+    models: &[Arc<ModelRuntime>],
+    name: &str,
+) -> Result<Arc<ModelRuntime>, ServiceError> {
     if name.is_empty() {
-        return models.first().cloned().ok_or_else(|| ServiceError::ModelNotFound(String::new()));
+        return models
+            .first()
+            .cloned()
+            .ok_or_else(|| ServiceError::ModelNotFound(String::new()));
     }
     models
         .iter()
@@ -34,7 +40,14 @@ pub fn resolve(models: &[Arc<ModelRuntime>], name: &str) -> Result<Arc<ModelRunt
 }
 
 pub fn chat_messages(chat: &v1::ChatInput) -> Result<Vec<TemplateMessage>, ServiceError> {
-    const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+    const ROLES: [&str; 6] = [
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+    ];
     chat.messages
         .iter()
         .enumerate()
@@ -43,7 +56,11 @@ pub fn chat_messages(chat: &v1::ChatInput) -> Result<Vec<TemplateMessage>, Servi
                 return Err(ServiceError::invalid(
                     format!("chat.messages[{i}].role"),
                     "INVALID_ROLE",
-                    format!("unknown role {:?}; expected one of {}", m.role, ROLES.join(", ")),
+                    format!(
+                        "unknown role {:?}; expected one of {}",
+                        m.role,
+                        ROLES.join(", ")
+                    ),
                 ));
             }
             Ok(TemplateMessage {
@@ -58,10 +75,18 @@ pub fn chat_messages(chat: &v1::ChatInput) -> Result<Vec<TemplateMessage>, Servi
 /// Prompt token ids of a request's input (blocking: tokenizes).
 pub fn prompt_ids(model: &ModelRuntime, input: Option<&Input>) -> Result<Vec<u32>, ServiceError> {
     match input {
-        None => Err(ServiceError::invalid("input", "MISSING_INPUT", "one of text, token_ids or chat is required")),
+        None => Err(ServiceError::invalid(
+            "input",
+            "MISSING_INPUT",
+            "one of text, token_ids or chat is required",
+        )),
         Some(Input::Text(t)) => {
             if t.is_empty() {
-                return Err(ServiceError::invalid("input.text", "EMPTY_PROMPT", "the prompt is empty"));
+                return Err(ServiceError::invalid(
+                    "input.text",
+                    "EMPTY_PROMPT",
+                    "the prompt is empty",
+                ));
             }
             model.encode(t, true)
         }
@@ -74,7 +99,10 @@ pub fn prompt_ids(model: &ModelRuntime, input: Option<&Input>) -> Result<Vec<u32
     }
 }
 
-fn sampling(model: &ModelRuntime, p: Option<&v1::SamplingParams>) -> Result<Sampling, ServiceError> {
+fn sampling(
+    model: &ModelRuntime,
+    p: Option<&v1::SamplingParams>,
+) -> Result<Sampling, ServiceError> {
     let d = &model.engine.info().default_sampling;
     let p = p.cloned().unwrap_or_default();
     let temperature = p.temperature.unwrap_or(d.temperature);
@@ -110,11 +138,18 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         return Err(ServiceError::invalid(
             "stop",
             "TOO_MANY_STOP_STRINGS",
-            format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", req.stop.len()),
+            format!(
+                "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
+                req.stop.len()
+            ),
         ));
     }
     if req.stop.iter().any(String::is_empty) {
-        return Err(ServiceError::invalid("stop", "EMPTY_STOP_STRING", "stop strings must not be empty"));
+        return Err(ServiceError::invalid(
+            "stop",
+            "EMPTY_STOP_STRING",
+            "stop strings must not be empty",
+        ));
     }
     let ctx = model.engine.info().max_model_len;
     let max_tokens = match req.max_tokens {

@@ -28,7 +28,11 @@ fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
 fn special(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+        Some(Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
         _ => String::new(),
     }
 }
@@ -55,13 +59,18 @@ pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
     let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
-        Ok(t) => serde_json::from_str(&t).map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
+        Ok(t) => serde_json::from_str(&t)
+            .map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
         Err(_) => Value::Null,
     };
     let template = match chat_template_source(dir, &cfg) {
         Some(src) => Some(
-            ChatTemplate::new(&src, &special(&cfg, "bos_token"), &special(&cfg, "eos_token"))
-                .map_err(|e| load_err(dir, e))?,
+            ChatTemplate::new(
+                &src,
+                &special(&cfg, "bos_token"),
+                &special(&cfg, "eos_token"),
+            )
+            .map_err(|e| load_err(dir, e))?,
         ),
         None => None,
     };
@@ -70,7 +79,11 @@ pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)
 
 impl ModelRuntime {
     /// Loads tokenizer, template and weights (blocking; seconds to minutes).
-    pub fn load(dir: &Path, served_name: Option<String>, device: DeviceChoice) -> anyhow::Result<Self> {
+    pub fn load(
+        dir: &Path,
+        served_name: Option<String>,
+        device: DeviceChoice,
+    ) -> anyhow::Result<Self> {
         if !dir.join("config.json").exists() {
             return Err(load_err(
                 dir,
@@ -133,20 +146,36 @@ impl ModelRuntime {
     }
 
     /// Renders chat messages with the model's template.
-    pub fn render_chat(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String, ServiceError> {
+    pub fn render_chat(
+        &self,
+        messages: &[TemplateMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ServiceError> {
         let Some(t) = &self.template else {
             return Err(ServiceError::invalid(
                 "chat",
                 "NO_CHAT_TEMPLATE",
-                format!("the model `{}` has no chat template; send text input instead", self.id),
+                format!(
+                    "the model `{}` has no chat template; send text input instead",
+                    self.id
+                ),
             ));
         };
         if messages.is_empty() {
-            return Err(ServiceError::invalid("chat.messages", "EMPTY_MESSAGES", "messages must not be empty"));
+            return Err(ServiceError::invalid(
+                "chat.messages",
+                "EMPTY_MESSAGES",
+                "messages must not be empty",
+            ));
         }
-        t.render(messages, add_generation_prompt).map_err(|e| match e {
-            TemplateError::Raised(m) => ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m),
-            TemplateError::Render(m) => ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m),
-        })
+        t.render(messages, add_generation_prompt)
+            .map_err(|e| match e {
+                TemplateError::Raised(m) => {
+                    ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
+                }
+                TemplateError::Render(m) => {
+                    ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
+                }
+            })
     }
 }

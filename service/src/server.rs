@@ -33,7 +33,11 @@ impl tonic::service::Interceptor for ApiKeyCheck {
         let Some(expected) = &self.expected else {
             return Ok(req);
         };
-        match req.metadata().get("authorization").and_then(|v| v.to_str().ok()) {
+        match req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+        {
             Some(got) if got.as_bytes() == expected.as_bytes() => Ok(req),
             Some(_) => Err(Status::unauthenticated("invalid API key")),
             None => Err(Status::unauthenticated(
@@ -51,9 +55,13 @@ pub async fn serve_grpc(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_serving::<GenerationServer<GenerationService>>().await;
+    health
+        .set_serving::<GenerationServer<GenerationService>>()
+        .await;
     for m in &models {
-        health.set_service_status(&m.id, tonic_health::ServingStatus::Serving).await;
+        health
+            .set_service_status(&m.id, tonic_health::ServingStatus::Serving)
+            .await;
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)

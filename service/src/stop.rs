@@ -91,12 +91,18 @@ mod tests {
 
     #[test]
     fn stop_spanning_pieces_never_leaks() {
-        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), Some("END".into())));
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "D more"]),
+            ("hello ".into(), Some("END".into()))
+        );
     }
 
     #[test]
     fn partial_match_released_when_it_diverges() {
-        assert_eq!(run(&["END"], &["a E", "Nx", " b"]), ("a ENx b".into(), None));
+        assert_eq!(
+            run(&["END"], &["a E", "Nx", " b"]),
+            ("a ENx b".into(), None)
+        );
     }
 
     #[test]

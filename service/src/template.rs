@@ -86,7 +86,10 @@ impl ChatTemplate {
 const RAISED: &str = "raised: ";
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{msg}"),
+    ))
 }
 
 /// `strftime_now(fmt)`: the current UTC time formatted with the common
@@ -101,11 +104,27 @@ fn strftime_now(fmt: String) -> String {
 
 fn format_time(secs: i64, fmt: &str) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
     ];
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
@@ -219,7 +238,10 @@ mod tests {
         // 2024-07-26 13:25:09 UTC, a Friday, day 208 of a leap year.
         let t = 1_722_000_309;
         assert_eq!(format_time(t, "%d %b %Y"), "26 Jul 2024");
-        assert_eq!(format_time(t, "%A %B %j %H:%M:%S %%"), "Friday July 208 13:25:09 %");
+        assert_eq!(
+            format_time(t, "%A %B %j %H:%M:%S %%"),
+            "Friday July 208 13:25:09 %"
+        );
     }
 
     #[test]
@@ -252,6 +274,9 @@ mod tests {
                 tm.render(minijinja::context! { x => Value::from(minijinja::value::Serde(serde_json::json!({"a": [1, "é"], "b": {}}))) })
             })
             .expect("renders");
-        assert_eq!(out, "{\"a\": [1, \"é\"], \"b\": {}}|{\n  \"a\": [\n    1,\n    \"é\"\n  ],\n  \"b\": {}\n}");
+        assert_eq!(
+            out,
+            "{\"a\": [1, \"é\"], \"b\": {}}|{\n  \"a\": [\n    1,\n    \"é\"\n  ],\n  \"b\": {}\n}"
+        );
     }
 }

@@ -24,8 +24,12 @@ fn model_dir(name: &str) -> PathBuf {
 
 fn golden(name: &str) -> Value {
     let p = model_dir(name).join("golden.json");
-    let text = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}; build the fixtures first: `make models`", p.display()));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the fixtures first: `make models`",
+            p.display()
+        )
+    });
     serde_json::from_str(&text).expect("golden.json parses")
 }
 
@@ -52,15 +56,27 @@ fn chat_templates_render_like_transformers() {
             match case.get("text").and_then(Value::as_str) {
                 Some(want) => {
                     let ours = ours.unwrap_or_else(|e| panic!("{name}: render failed: {e}"));
-                    assert_eq!(ours, want, "{name}: render differs for {}", case["messages"]);
-                    let ids = tok.encode(ours.as_str(), false).expect("encode").get_ids().to_vec();
+                    assert_eq!(
+                        ours, want,
+                        "{name}: render differs for {}",
+                        case["messages"]
+                    );
+                    let ids = tok
+                        .encode(ours.as_str(), false)
+                        .expect("encode")
+                        .get_ids()
+                        .to_vec();
                     let want_ids: Vec<u32> = case["token_ids"]
                         .as_array()
                         .expect("ids")
                         .iter()
                         .map(|x| x.as_u64().expect("id") as u32)
                         .collect();
-                    assert_eq!(ids, want_ids, "{name}: token ids differ for {}", case["messages"]);
+                    assert_eq!(
+                        ids, want_ids,
+                        "{name}: token ids differ for {}",
+                        case["messages"]
+                    );
                 }
                 None => assert!(ours.is_err(), "{name}: transformers raised, we rendered"),
             }
@@ -82,7 +98,10 @@ fn incremental_decode_is_whole_characters_and_lossless() {
         let mut pieces = 0;
         for &id in &ids {
             let piece = d.push(&tok, id).expect("push");
-            assert!(!piece.contains('\u{FFFD}'), "{name}: broken character emitted: {piece:?}");
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "{name}: broken character emitted: {piece:?}"
+            );
             if !piece.is_empty() {
                 pieces += 1;
             }
@@ -93,17 +112,28 @@ fn incremental_decode_is_whole_characters_and_lossless() {
         // Tokens holding part of a character must have been held back.
         let split = ids
             .iter()
-            .filter(|&&id| tok.decode(&[id], true).expect("decode").contains('\u{FFFD}'))
+            .filter(|&&id| {
+                tok.decode(&[id], true)
+                    .expect("decode")
+                    .contains('\u{FFFD}')
+            })
             .count();
-        assert!(split > 0, "{name}: the text should split some characters across tokens");
-        assert!(pieces < ids.len(), "{name}: {split} partial tokens, yet nothing was held back");
+        assert!(
+            split > 0,
+            "{name}: the text should split some characters across tokens"
+        );
+        assert!(
+            pieces < ids.len(),
+            "{name}: {split} partial tokens, yet nothing was held back"
+        );
     }
 }
 
 #[test]
 fn broken_tokenizer_file_fails_with_a_clear_error() {
     // shared/data's llama-2 tokenizer.json is known-bad (invalid merges).
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tokenizers/llama-2");
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tokenizers/llama-2");
     let err = load_text(&dir).err().expect("must fail").to_string();
     assert!(err.contains("tokenizer.json"), "unclear error: {err}");
 }

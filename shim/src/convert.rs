@@ -211,7 +211,13 @@ mod tests {
             "user": "ignored", "presence_penalty": 0,
         }))
         .expect("valid");
-        assert_eq!(mode, StreamMode { stream: true, include_usage: true });
+        assert_eq!(
+            mode,
+            StreamMode {
+                stream: true,
+                include_usage: true
+            }
+        );
         assert_eq!(req.request_id, "id-1");
         assert_eq!(req.model, "m");
         assert_eq!(req.max_tokens, Some(20));
@@ -231,9 +237,16 @@ mod tests {
 
     #[test]
     fn unset_fields_stay_unset() {
-        let (req, mode) = chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
-            .expect("valid");
-        assert_eq!(mode, StreamMode { stream: false, include_usage: false });
+        let (req, mode) =
+            chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
+                .expect("valid");
+        assert_eq!(
+            mode,
+            StreamMode {
+                stream: false,
+                include_usage: false
+            }
+        );
         assert_eq!(req.sampling, Some(pb::SamplingParams::default()));
         assert_eq!(req.max_tokens, None);
         assert!(req.stop.is_empty());
@@ -242,23 +255,56 @@ mod tests {
     #[test]
     fn chat_errors_name_params() {
         let msgs = json!([{"role": "user", "content": "x"}]);
-        assert_eq!(param(chat(json!({"messages": msgs})).expect_err("no model")), "model");
-        assert_eq!(param(chat(json!({"model": "m"})).expect_err("no messages")), "messages");
+        assert_eq!(
+            param(chat(json!({"messages": msgs})).expect_err("no model")),
+            "model"
+        );
+        assert_eq!(
+            param(chat(json!({"model": "m"})).expect_err("no messages")),
+            "messages"
+        );
         let cases = [
-            (json!({"model": "m", "messages": msgs, "temperature": "hot"}), "temperature"),
+            (
+                json!({"model": "m", "messages": msgs, "temperature": "hot"}),
+                "temperature",
+            ),
             (json!({"model": "m", "messages": msgs, "n": 2}), "n"),
             (json!({"model": "m", "messages": msgs, "stop": [1]}), "stop"),
-            (json!({"model": "m", "messages": msgs, "max_tokens": -1}), "max_tokens"),
-            (json!({"model": "m", "messages": msgs, "top_k": -5}), "top_k"),
-            (json!({"model": "m", "messages": msgs, "stream": "yes"}), "stream"),
+            (
+                json!({"model": "m", "messages": msgs, "max_tokens": -1}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": msgs, "top_k": -5}),
+                "top_k",
+            ),
+            (
+                json!({"model": "m", "messages": msgs, "stream": "yes"}),
+                "stream",
+            ),
             (json!({"model": 3, "messages": msgs}), "model"),
             (json!({"model": "m", "messages": "hi"}), "messages"),
             (json!({"model": "m", "messages": []}), "messages"),
-            (json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}), "messages[0].role"),
-            (json!({"model": "m", "messages": [{"content": "x"}]}), "messages[0].role"),
-            (json!({"model": "m", "messages": [{"role": "user", "content": 1}]}), "messages[0].content"),
-            (json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}), "tools"),
-            (json!({"model": "m", "messages": msgs, "logprobs": true}), "logprobs"),
+            (
+                json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": 1}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}),
+                "tools",
+            ),
+            (
+                json!({"model": "m", "messages": msgs, "logprobs": true}),
+                "logprobs",
+            ),
         ];
         for (body, expected) in cases {
             let err = chat(body.clone()).expect_err("invalid");
@@ -288,8 +334,14 @@ mod tests {
             (json!({"model": "m", "prompt": [[1, 2]]}), "prompt"),
             (json!({"model": "m", "prompt": {}}), "prompt"),
             (json!({"model": "m", "prompt": "x", "echo": true}), "echo"),
-            (json!({"model": "m", "prompt": "x", "logprobs": 2}), "logprobs"),
-            (json!({"model": "m", "prompt": "x", "best_of": 3}), "best_of"),
+            (
+                json!({"model": "m", "prompt": "x", "logprobs": 2}),
+                "logprobs",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "best_of": 3}),
+                "best_of",
+            ),
             (json!({"model": "m", "prompt": "x", "seed": "s"}), "seed"),
         ];
         for (body, expected) in cases {

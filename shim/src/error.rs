@@ -159,7 +159,13 @@ impl ApiError {
             .map(|v| v.field);
         let reason = status.get_details_error_info().map(|i| i.reason);
         let retry = status.get_details_retry_info().and_then(|r| r.retry_delay);
-        map_code(status.code(), status.message(), field, reason, retry, api)
+        // tonic reports its own client-side timeout as CANCELLED.
+        let code = if is_client_timeout(status) {
+            Code::DeadlineExceeded
+        } else {
+            status.code()
+        };
+        map_code(code, status.message(), field, reason, retry, api)
     }
 
     /// Maps the error of a request that finished with reason ERROR.
@@ -251,9 +257,23 @@ fn map_code(
     }
 }
 
+/// Whether `status` is tonic's client-side `grpc-timeout` expiring.
+fn is_client_timeout(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 /// Whole seconds for `Retry-After`, rounded up; 1 when the service gave none.
 fn retry_after_secs(delay: Option<Duration>) -> u64 {
-    delay.map_or(1, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+    delay
+        .map_or(1, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+        .max(1)
 }
 
 /// OpenAI's name for a field of the proto `Request` (as named in BadRequest
@@ -319,7 +339,13 @@ impl IntoResponse for ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.status.as_u16(), self.kind, self.message)
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.kind,
+            self.message
+        )
     }
 }
 
@@ -346,7 +372,11 @@ mod tests {
             (Code::NotFound, S::NOT_FOUND, INVALID_REQUEST),
             (Code::AlreadyExists, S::CONFLICT, INVALID_REQUEST),
             (Code::PermissionDenied, S::FORBIDDEN, "permission_error"),
-            (Code::ResourceExhausted, S::TOO_MANY_REQUESTS, "rate_limit_error"),
+            (
+                Code::ResourceExhausted,
+                S::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+            ),
             (Code::FailedPrecondition, S::BAD_REQUEST, INVALID_REQUEST),
             (Code::Aborted, S::CONFLICT, INVALID_REQUEST),
             (Code::OutOfRange, S::BAD_REQUEST, INVALID_REQUEST),
@@ -354,19 +384,35 @@ mod tests {
             (Code::Internal, S::INTERNAL_SERVER_ERROR, SERVER_ERROR),
             (Code::Unavailable, S::SERVICE_UNAVAILABLE, SERVER_ERROR),
             (Code::DataLoss, S::INTERNAL_SERVER_ERROR, SERVER_ERROR),
-            (Code::Unauthenticated, S::UNAUTHORIZED, "authentication_error"),
+            (
+                Code::Unauthenticated,
+                S::UNAUTHORIZED,
+                "authentication_error",
+            ),
         ];
         for (code, status, kind) in table {
             let err = mapped(code);
             assert_eq!((err.status, err.kind), (status, kind), "{code:?}");
             // 4xx pass the service's message through; 5xx never leak it.
-            assert_eq!(err.message == "detail", status.is_client_error(), "{code:?}");
+            assert_eq!(
+                err.message == "detail",
+                status.is_client_error(),
+                "{code:?}"
+            );
             let body = err.body();
             let obj = body["error"].as_object().expect("error object");
             for key in ["message", "type", "param", "code"] {
                 assert!(obj.contains_key(key), "{code:?} lacks {key}");
             }
         }
+    }
+
+    #[test]
+    fn client_timeout_is_a_deadline() {
+        let status = Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(status.code(), Code::Cancelled);
+        let err = ApiError::from_status(&status, Api::Chat);
+        assert_eq!(err.status, StatusCode::GATEWAY_TIMEOUT);
     }
 
     #[test]
@@ -428,7 +474,10 @@ mod tests {
     #[test]
     fn proto_fields_become_openai_params() {
         assert_eq!(openai_param("sampling.top_p", Api::Chat), "top_p");
-        assert_eq!(openai_param("chat.messages[2].role", Api::Chat), "messages[2].role");
+        assert_eq!(
+            openai_param("chat.messages[2].role", Api::Chat),
+            "messages[2].role"
+        );
         assert_eq!(openai_param("token_ids", Api::Completions), "prompt");
         assert_eq!(openai_param("input", Api::Chat), "messages");
         assert_eq!(openai_param("max_tokens", Api::Chat), "max_tokens");

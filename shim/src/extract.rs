@@ -55,7 +55,10 @@ pub fn parse_object(bytes: &[u8]) -> Result<Value, ApiError> {
 
 /// Fails with 400 unless every one of `names` is present and not null.
 pub fn require(body: &Value, names: &[&str]) -> Result<(), ApiError> {
-    match names.iter().find(|n| body.get(**n).is_none_or(Value::is_null)) {
+    match names
+        .iter()
+        .find(|n| body.get(**n).is_none_or(Value::is_null))
+    {
         Some(missing) => Err(missing_parameter(missing)),
         None => Ok(()),
     }
@@ -76,16 +79,20 @@ pub fn fields<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
             return missing_parameter(&param);
         }
         match path {
-            Some(param) => {
-                ApiError::invalid_request(format!("Invalid value for '{param}': {inner}"), Some(&param))
-            }
+            Some(param) => ApiError::invalid_request(
+                format!("Invalid value for '{param}': {inner}"),
+                Some(&param),
+            ),
             None => ApiError::invalid_request(format!("Invalid request: {inner}"), None),
         }
     })
 }
 
 fn missing_parameter(param: &str) -> ApiError {
-    ApiError::invalid_request(format!("Missing required parameter: '{param}'."), Some(param))
+    ApiError::invalid_request(
+        format!("Missing required parameter: '{param}'."),
+        Some(param),
+    )
 }
 
 /// The field name of serde's "missing field `x`" message.
@@ -128,7 +135,11 @@ mod tests {
     fn non_object_is_400() {
         for body in [&b"[1,2]"[..], b"\"text\"", b"null", b"3"] {
             let err = err_json(parse_object(body).expect_err("not an object"));
-            assert!(err["message"].as_str().is_some_and(|m| m.contains("object")));
+            assert!(
+                err["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("object"))
+            );
         }
     }
 
@@ -145,7 +156,11 @@ mod tests {
         let body = parse_object(br#"{"temperature": "hot"}"#).expect("object");
         let err = err_json(fields::<Sample>(&body).expect_err("wrong type"));
         assert_eq!(err["param"], "temperature");
-        assert!(err["message"].as_str().is_some_and(|m| m.contains("temperature")));
+        assert!(
+            err["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("temperature"))
+        );
     }
 
     #[test]

@@ -47,7 +47,9 @@ pub struct ShimConfig {
     /// same header is sent to the gRPC service. When unset, a client's own
     /// `Authorization` header is passed through to the service unchanged.
     pub api_key: Option<String>,
-    /// Deadline of each gRPC call (sent as `grpc-timeout`); `None`: no deadline.
+    /// Deadline of each generation, whole streams included (sent as
+    /// `grpc-timeout` and enforced by the shim: 504 when it passes);
+    /// `None`: no deadline.
     pub request_timeout: Option<Duration>,
 }
 

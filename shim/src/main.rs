@@ -16,7 +16,11 @@ use gyre_shim::ShimConfig;
 #[command(name = "gyre-shim", version, about)]
 struct Args {
     /// URI of the gyre gRPC service.
-    #[arg(long, env = "GYRE_GRPC_ENDPOINT", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "GYRE_GRPC_ENDPOINT",
+        default_value = "http://127.0.0.1:50051"
+    )]
     grpc_endpoint: String,
 
     /// Address to serve HTTP on (port 0 picks a free port).

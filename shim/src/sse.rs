@@ -44,11 +44,11 @@ pub fn error_event(error: &ApiError) -> Event {
     Event::default().data(error.body().to_string())
 }
 
-/// The SSE response for a started generation.
+/// The SSE response for a started generation. `X-Accel-Buffering: no` asks
+/// reverse proxies such as nginx to pass chunks on as they come.
 pub fn response<F: ChunkFormat>(generation: Generation, format: F) -> Response {
-    Sse::new(events(generation, format))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    let sse = Sse::new(events(generation, format)).keep_alive(KeepAlive::default());
+    ([("x-accel-buffering", "no")], sse).into_response()
 }
 
 /// The event stream of a started generation (see the module docs).

@@ -8,8 +8,9 @@
 
 use axum::http::HeaderMap;
 use gyre_api::v1::{self as pb, FinishReason, generate_response::Event};
-use tonic::Streaming;
+use tokio::time::Instant;
 use tonic::metadata::AsciiMetadataValue;
+use tonic::{Status, Streaming};
 
 use crate::AppState;
 use crate::error::{Api, ApiError};
@@ -63,6 +64,9 @@ pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
     /// The first step, read by [`Generation::start`].
     peeked: Option<Step>,
+    /// When the configured request timeout passes; the shim enforces it on
+    /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
+    deadline: Option<Instant>,
     api: Api,
 }
 
@@ -84,6 +88,7 @@ impl Generation {
         request: pb::Request,
         api: Api,
     ) -> Result<Self, ApiError> {
+        let deadline = state.request_timeout.map(|t| Instant::now() + t);
         let mut client = state.client.clone();
         let stream = client
             .generate_stream(grpc_request(state, headers, request))
@@ -93,6 +98,7 @@ impl Generation {
         let mut generation = Self {
             stream,
             peeked: None,
+            deadline,
             api,
         };
         let first = generation.next().await?;
@@ -107,10 +113,13 @@ impl Generation {
             return Ok(step);
         }
         loop {
-            let response = self
-                .stream
-                .message()
-                .await
+            let message = match self.deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, self.stream.message())
+                    .await
+                    .unwrap_or_else(|_| Err(Status::deadline_exceeded("request timeout passed"))),
+                None => self.stream.message().await,
+            };
+            let response = message
                 .map_err(|status| ApiError::from_status(&status, self.api))?
                 .ok_or_else(|| ApiError::internal("gRPC stream ended without a finish event"))?;
             match response.event {
@@ -160,7 +169,10 @@ fn finish_step(finish: pb::Finish, api: Api) -> Result<Step, ApiError> {
             });
         }
         Ok(FinishReason::Unspecified) | Err(_) => {
-            tracing::warn!(reason = finish.reason, "unknown finish reason, reporting stop");
+            tracing::warn!(
+                reason = finish.reason,
+                "unknown finish reason, reporting stop"
+            );
             "stop"
         }
     };
@@ -203,11 +215,11 @@ mod tests {
             reason: "PROMPT_TOO_LONG".into(),
             field: String::new(),
         };
-        let err = finish_step(finish(FinishReason::Error, Some(error)), Api::Chat)
-            .expect_err("error");
+        let err =
+            finish_step(finish(FinishReason::Error, Some(error)), Api::Chat).expect_err("error");
         assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
-        let err = finish_step(finish(FinishReason::Cancelled, None), Api::Chat)
-            .expect_err("cancelled");
+        let err =
+            finish_step(finish(FinishReason::Cancelled, None), Api::Chat).expect_err("cancelled");
         assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         let err = finish_step(finish(FinishReason::Error, None), Api::Chat).expect_err("error");
         assert_eq!(err.status(), http::StatusCode::INTERNAL_SERVER_ERROR);

@@ -6,8 +6,8 @@
 //! are kept so that [`crate::convert`] can refuse them instead of silently
 //! answering something else.
 
-use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
 use serde_json::Value;
 
 /// Fields shared by both generation endpoints.
@@ -128,7 +128,9 @@ fn text_part(part: &Value) -> Result<&str, String> {
             .get("text")
             .and_then(Value::as_str)
             .ok_or_else(|| "a text content part needs a string 'text'".to_owned()),
-        Some(other) => Err(format!("content parts of type '{other}' are not supported yet")),
+        Some(other) => Err(format!(
+            "content parts of type '{other}' are not supported yet"
+        )),
         None => Err("each content part needs a string 'type'".to_owned()),
     }
 }
@@ -173,8 +175,12 @@ fn prompt_list(items: Vec<Value>) -> Result<Prompt, String> {
             Some(Value::String(s)) => Ok(Prompt::Text(s)),
             _ => Err("expected one string".to_owned()),
         },
-        [Value::String(_), ..] => Err("batches of several prompts are not supported yet".to_owned()),
-        [Value::Array(_), ..] => Err("batches of token-id prompts are not supported yet".to_owned()),
+        [Value::String(_), ..] => {
+            Err("batches of several prompts are not supported yet".to_owned())
+        }
+        [Value::Array(_), ..] => {
+            Err("batches of token-id prompts are not supported yet".to_owned())
+        }
         _ => items
             .iter()
             .map(|v| {
@@ -209,7 +215,10 @@ mod tests {
 
     #[test]
     fn content_parts_are_flattened() {
-        assert_eq!(parse::<MessageContent>(json!("hi")), Ok(MessageContent("hi".into())));
+        assert_eq!(
+            parse::<MessageContent>(json!("hi")),
+            Ok(MessageContent("hi".into()))
+        );
         let parts = json!([
             {"type": "text", "text": "first"},
             {"type": "text", "text": "second", "extra": true},
@@ -218,7 +227,10 @@ mod tests {
             parse::<MessageContent>(parts),
             Ok(MessageContent("first\nsecond".into()))
         );
-        assert_eq!(parse::<MessageContent>(json!([])), Ok(MessageContent::default()));
+        assert_eq!(
+            parse::<MessageContent>(json!([])),
+            Ok(MessageContent::default())
+        );
         let image = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
         let err = parse::<MessageContent>(image).expect_err("images unsupported");
         assert!(err.contains("image_url"), "{err}");
@@ -240,8 +252,18 @@ mod tests {
     fn prompt_forms() {
         assert_eq!(parse::<Prompt>(json!("x")), Ok(Prompt::Text("x".into())));
         assert_eq!(parse::<Prompt>(json!(["x"])), Ok(Prompt::Text("x".into())));
-        assert_eq!(parse::<Prompt>(json!([1, 2])), Ok(Prompt::TokenIds(vec![1, 2])));
-        for bad in [json!([]), json!(["a", "b"]), json!([[1]]), json!([-1]), json!([1.5]), json!(3)] {
+        assert_eq!(
+            parse::<Prompt>(json!([1, 2])),
+            Ok(Prompt::TokenIds(vec![1, 2]))
+        );
+        for bad in [
+            json!([]),
+            json!(["a", "b"]),
+            json!([[1]]),
+            json!([-1]),
+            json!([1.5]),
+            json!(3),
+        ] {
             assert!(parse::<Prompt>(bad.clone()).is_err(), "{bad}");
         }
     }

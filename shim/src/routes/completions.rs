@@ -85,7 +85,6 @@ impl ChunkFormat for TextChunks {
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {
-        self.include_usage
-            .then(|| self.chunk(vec![], Some(usage)))
+        self.include_usage.then(|| self.chunk(vec![], Some(usage)))
     }
 }

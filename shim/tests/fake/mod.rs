@@ -76,7 +76,11 @@ fn delta(id: &str, text: &str) -> Result<pb::GenerateResponse, Status> {
     })
 }
 
-fn finish(id: &str, reason: pb::FinishReason, error: Option<pb::RequestError>) -> Result<pb::GenerateResponse, Status> {
+fn finish(
+    id: &str,
+    reason: pb::FinishReason,
+    error: Option<pb::RequestError>,
+) -> Result<pb::GenerateResponse, Status> {
     Ok(pb::GenerateResponse {
         request_id: id.to_owned(),
         event: Some(Event::Finish(pb::Finish {
@@ -104,7 +108,10 @@ impl Generation for Fake {
         Err(Status::unimplemented("fake"))
     }
 
-    async fn generate_stream(&self, request: Request<pb::Request>) -> Result<Response<Events>, Status> {
+    async fn generate_stream(
+        &self,
+        request: Request<pb::Request>,
+    ) -> Result<Response<Events>, Status> {
         let (metadata, _, req) = request.into_parts();
         let _ = self.requests.send((metadata, req.clone()));
         let id = req.request_id.clone();
@@ -123,8 +130,14 @@ impl Generation for Fake {
             }
             "busy" => return Err(Status::resource_exhausted("queue full")),
             "draining" => return Err(Status::unavailable("draining: secret internals")),
-            "long" => vec![delta(&id, "abc"), finish(&id, pb::FinishReason::Length, None)],
-            "fail-mid" => vec![delta(&id, "partial"), Err(Status::internal("kaboom: secret"))],
+            "long" => vec![
+                delta(&id, "abc"),
+                finish(&id, pb::FinishReason::Length, None),
+            ],
+            "fail-mid" => vec![
+                delta(&id, "partial"),
+                Err(Status::internal("kaboom: secret")),
+            ],
             "fail-first" => vec![Err(Status::resource_exhausted("no KV blocks left"))],
             "fail-finish" => vec![finish(
                 &id,
@@ -161,7 +174,10 @@ impl Generation for Fake {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn tokenize(&self, _: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
+    async fn tokenize(
+        &self,
+        _: Request<pb::TokenizeRequest>,
+    ) -> Result<Response<pb::TokenizeResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
 
