@@ -121,7 +121,10 @@ async fn run(
             }
             // The client went away: returning drops `events`, which cancels
             // the sequence in the engine.
-            _ = out.closed() => return,
+            _ = out.closed() => {
+                tracing::info!(request_id = %id, generated, "client went away; request cancelled");
+                return;
+            }
             ev = events.recv() => ev,
         };
         let msg = match ev {
@@ -232,6 +235,7 @@ async fn run(
             }
         };
         if out.send(Ok(msg)).await.is_err() {
+            tracing::info!(request_id = %id, generated, "client went away; request cancelled");
             return;
         }
     }
