@@ -1,120 +1,105 @@
-//! A per-sequence KV cache: one key and one value tensor per layer, shaped
-//! [capacity, kv_heads, head_dim], grown by doubling when full.
+//! The paged KV cache: per layer, one preallocated key tensor and one value
+//! tensor of `num_blocks * block_size` token slots ([slots, kv_heads, head_dim]).
+//! A sequence's tokens live in the blocks of its block table; token at
+//! position `p` is in slot `table[p / block_size] * block_size + p % block_size`.
 //!
-//! Attention for a sequence's new tokens runs over its whole cache with
-//! libtorch's scaled_dot_product_attention (grouped-query heads via
-//! `enable_gqa`).
+//! Attention gathers a sequence's slots (index_select) and runs libtorch's
+//! scaled_dot_product_attention over them (grouped-query heads via
+//! `enable_gqa`). On CUDA the same path runs on the GPU.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
-use crate::llama::Llama;
+use crate::blocks::BlockId;
 
-pub struct KvCache {
+pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    len: i64,
-    cap: i64,
+    block_size: i64,
+    num_blocks: i64,
 }
 
-impl KvCache {
-    /// An empty cache with room for `cap` tokens.
-    pub fn new(model: &Llama, cap: i64) -> Result<Self, EngineError> {
-        let (layers, nkv, hd) = model.kv_shape();
-        let cap = cap.max(16);
-        let opts = (model.kind, model.device);
+/// Bytes one block takes across all layers (keys and values).
+pub fn bytes_per_block(layers: i64, kv_heads: i64, head_dim: i64, block_size: i64, kind: Kind) -> i64 {
+    2 * layers * block_size * kv_heads * head_dim * kind.elt_size_in_bytes() as i64
+}
+
+impl KvPool {
+    pub fn new(
+        layers: i64,
+        kv_heads: i64,
+        head_dim: i64,
+        num_blocks: i64,
+        block_size: i64,
+        kind: Kind,
+        device: Device,
+    ) -> Result<Self, EngineError> {
+        let slots = num_blocks * block_size;
         let mut k = Vec::with_capacity(layers as usize);
         let mut v = Vec::with_capacity(layers as usize);
         for _ in 0..layers {
-            k.push(Tensor::f_zeros([cap, nkv, hd], opts)?);
-            v.push(Tensor::f_zeros([cap, nkv, hd], opts)?);
+            k.push(Tensor::f_zeros([slots, kv_heads, head_dim], (kind, device))?);
+            v.push(Tensor::f_zeros([slots, kv_heads, head_dim], (kind, device))?);
         }
-        Ok(Self { k, v, len: 0, cap })
+        Ok(Self {
+            k,
+            v,
+            block_size,
+            num_blocks,
+        })
     }
 
-    /// Tokens cached so far.
-    pub fn len(&self) -> i64 {
-        self.len
+    pub fn block_size(&self) -> i64 {
+        self.block_size
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    pub fn num_blocks(&self) -> i64 {
+        self.num_blocks
     }
 
-    /// Makes room for `total` tokens.
-    pub fn reserve(&mut self, total: i64) -> Result<(), EngineError> {
-        if total <= self.cap {
-            return Ok(());
-        }
-        let cap = total.max(self.cap * 2);
-        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let mut size = t.size();
-            size[0] = cap;
-            let bigger = Tensor::f_zeros(&size, (t.kind(), t.device()))?;
-            bigger
-                .f_narrow(0, 0, self.len)?
-                .f_copy_(&t.f_narrow(0, 0, self.len)?)?;
-            *t = bigger;
-        }
-        self.cap = cap;
+    /// Slot indices of positions `from..to` of a sequence with this block table.
+    pub fn slots(&self, table: &[BlockId], from: i64, to: i64) -> Vec<i64> {
+        (from..to)
+            .map(|p| table[(p / self.block_size) as usize] as i64 * self.block_size + p % self.block_size)
+            .collect()
+    }
+
+    /// Stores keys and values ([n, kv_heads, head_dim]) of `layer` at `slots` ([n]).
+    pub fn write(&mut self, layer: usize, slots: &Tensor, k: &Tensor, v: &Tensor) -> Result<(), EngineError> {
+        let _ = self.k[layer].f_index_copy_(0, slots, k)?;
+        let _ = self.v[layer].f_index_copy_(0, slots, v)?;
         Ok(())
     }
 
-    /// Writes the new tokens' keys and values ([len, kv_heads, head_dim]) of
-    /// `layer` after the cached ones and attends the queries
-    /// ([len, heads, head_dim]) over everything cached. Returns [len, heads, head_dim].
-    pub fn attend(
-        &mut self,
-        layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<Tensor, EngineError> {
+    /// Attention of queries ([len, heads, head_dim], at positions
+    /// `past..past + len`) over the keys and values at `slots` (all
+    /// `past + len` positions of the sequence). Returns [len, heads, head_dim].
+    pub fn attend(&self, layer: usize, q: &Tensor, slots: &Tensor, past: i64) -> Result<Tensor, EngineError> {
         let len = q.size()[0];
-        let past = self.len;
         let total = past + len;
-        self.k[layer].f_narrow(0, past, len)?.f_copy_(k)?;
-        self.v[layer].f_narrow(0, past, len)?.f_copy_(v)?;
-        // [1, heads, len, hd] against [1, kv_heads, total, hd]
         let q = q.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let keys = self.k[layer]
-            .f_narrow(0, 0, total)?
-            .f_transpose(0, 1)?
-            .f_unsqueeze(0)?;
-        let vals = self.v[layer]
-            .f_narrow(0, 0, total)?
-            .f_transpose(0, 1)?
-            .f_unsqueeze(0)?;
-        let out = if len == 1 {
-            Tensor::f_scaled_dot_product_attention::<Tensor>(
-                &q, &keys, &vals, None, 0.0, false, None, true,
-            )?
-        } else if past == 0 {
-            Tensor::f_scaled_dot_product_attention::<Tensor>(
-                &q, &keys, &vals, None, 0.0, true, None, true,
-            )?
+        let keys = self.k[layer].f_index_select(0, slots)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
+        let vals = self.v[layer].f_index_select(0, slots)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
+        let out = if len == 1 || past == 0 {
+            // One query sees everything; a fresh prompt is plainly causal.
+            Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &keys, &vals, None, 0.0, len > 1, None, true)?
         } else {
             // Query i (at position past + i) sees keys 0..=past + i.
-            let qi =
-                Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
+            let qi = Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
             let kj = Tensor::f_arange(total, (Kind::Int64, q.device()))?.f_unsqueeze(0)?;
             let mask = kj.f_le_tensor(&qi)?;
-            Tensor::f_scaled_dot_product_attention(
-                &q,
-                &keys,
-                &vals,
-                Some(&mask),
-                0.0,
-                false,
-                None,
-                true,
-            )?
+            Tensor::f_scaled_dot_product_attention(&q, &keys, &vals, Some(&mask), 0.0, false, None, true)?
         };
         Ok(out.f_squeeze_dim(0)?.f_transpose(0, 1)?)
     }
 
-    /// Marks `n` more tokens as cached (after every layer has written them).
-    pub(crate) fn advance(&mut self, n: i64) {
-        self.len += n;
+    /// Copies block `src`'s contents into block `dst` in every layer (copy-on-write).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<(), EngineError> {
+        let bs = self.block_size;
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let from = t.f_narrow(0, src as i64 * bs, bs)?;
+            t.f_narrow(0, dst as i64 * bs, bs)?.f_copy_(&from)?;
+        }
+        Ok(())
     }
 }

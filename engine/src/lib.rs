@@ -6,18 +6,20 @@
 //! crosses into async code. Dropping a request's event receiver cancels it
 //! at the next step.
 
+mod blocks;
 mod config;
 mod kv;
 mod llama;
 mod sampler;
+mod scheduler;
 mod worker;
 
 use std::path::{Path, PathBuf};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 pub use config::{ModelConfig, SUPPORTED};
-pub use kv::KvCache;
+pub use kv::KvPool;
 pub use llama::{Llama, SeqInput};
 pub use sampler::{Sampler, Sampling, argmax};
 
@@ -41,6 +43,14 @@ pub enum EngineError {
         prompt: u32,
         requested: u32,
         max: u32,
+    },
+    #[error(
+        "the prompt ({prompt} tokens) plus max_tokens ({requested}) needs more KV cache than the server has ({capacity} tokens)"
+    )]
+    ExceedsKvCapacity {
+        prompt: u32,
+        requested: u32,
+        capacity: u32,
     },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
@@ -68,13 +78,20 @@ pub enum DeviceChoice {
 pub struct EngineOptions {
     pub model_dir: PathBuf,
     pub device: DeviceChoice,
-    /// Most sequences decoding at once.
+    /// Most sequences running (holding KV blocks) at once.
     pub max_running: usize,
-    /// Most prompt tokens prefilled in one step (a prompt longer than this
-    /// still runs, alone).
-    pub prefill_budget: usize,
+    /// Most tokens one step runs (decodes plus prefill chunks); longer
+    /// prompts are prefilled in chunks.
+    pub token_budget: usize,
     /// Queue length beyond which new requests get `QueueFull`.
     pub queue_capacity: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Memory for the KV cache, in bytes (the pool is also capped at what
+    /// `max_running` sequences of full context need).
+    pub kv_cache_bytes: u64,
+    /// Exact number of KV blocks, overriding `kv_cache_bytes`.
+    pub num_blocks: Option<usize>,
 }
 
 impl EngineOptions {
@@ -83,10 +100,30 @@ impl EngineOptions {
             model_dir: model_dir.into(),
             device: DeviceChoice::Auto,
             max_running: 64,
-            prefill_budget: 4096,
+            token_budget: 512,
             queue_capacity: 1024,
+            block_size: 16,
+            kv_cache_bytes: 1 << 30,
+            num_blocks: None,
         }
     }
+}
+
+/// A snapshot of the engine (see `gyre.v1.EngineStats`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub waiting: u32,
+    pub running: u32,
+    pub block_size: u32,
+    pub kv_blocks_total: u32,
+    pub kv_blocks_used: u32,
+    pub kv_blocks_cached: u32,
+    pub prefix_query_tokens_total: u64,
+    pub prefix_hit_tokens_total: u64,
+    pub last_step_tokens: u32,
+    pub steps_total: u64,
+    pub preemptions_total: u64,
+    pub generated_tokens_total: u64,
 }
 
 /// Facts about the loaded model that callers need.
@@ -95,6 +132,8 @@ pub struct ModelInfo {
     pub architecture: String,
     pub vocab_size: u32,
     pub max_model_len: u32,
+    /// Tokens the whole KV pool holds.
+    pub kv_capacity_tokens: u32,
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
     pub default_sampling: Sampling,
@@ -114,6 +153,10 @@ pub struct GenerateRequest {
     pub stop_token_ids: Vec<u32>,
     /// When true, EOS does not end generation.
     pub ignore_eos: bool,
+    /// Higher runs first and is preempted last.
+    pub priority: i32,
+    /// Prefix-cache namespace; empty is the shared cache.
+    pub cache_salt: String,
 }
 
 /// Why a sequence ended.
@@ -136,6 +179,9 @@ pub struct Usage {
 /// What the engine tells a request, in order: tokens, then one `Finished` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
+    /// The prompt is in the KV cache; `cached_tokens` of it came from the
+    /// prefix cache. Sent once, before the first token.
+    Prefilled { cached_tokens: u32 },
     Token(u32),
     Finished { reason: FinishReason, usage: Usage },
     Failed(EngineError),
@@ -153,6 +199,7 @@ pub(crate) enum Command {
 pub struct Engine {
     tx: mpsc::Sender<Command>,
     info: ModelInfo,
+    stats: watch::Receiver<EngineStats>,
 }
 
 impl Engine {
@@ -160,12 +207,31 @@ impl Engine {
     /// model is loaded (call it from `spawn_blocking` in async code).
     pub fn start(opts: EngineOptions) -> Result<Self, EngineError> {
         let (tx, rx) = mpsc::channel(opts.queue_capacity);
-        let info = worker::spawn(opts, rx)?;
-        Ok(Self { tx, info })
+        let spawned = worker::spawn(opts, rx)?;
+        Ok(Self {
+            tx,
+            info: spawned.info,
+            stats: spawned.stats,
+        })
     }
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// The engine's state as of its last step.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.borrow().clone()
+    }
+
+    /// Waits until the engine publishes stats that satisfy `f` (for tests
+    /// and tools; no polling).
+    pub async fn wait_stats(&self, f: impl FnMut(&EngineStats) -> bool) -> EngineStats {
+        let mut rx = self.stats.clone();
+        match rx.wait_for(f).await {
+            Ok(s) => s.clone(),
+            Err(_) => self.stats(),
+        }
     }
 
     /// Checks a request against the model and queues it. Returns the
@@ -207,6 +273,13 @@ impl Engine {
                 prompt: req.prompt.len() as u32,
                 requested: req.max_tokens,
                 max: self.info.max_model_len,
+            });
+        }
+        if prompt + req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
+            return Err(EngineError::ExceedsKvCapacity {
+                prompt: req.prompt.len() as u32,
+                requested: req.max_tokens,
+                capacity: self.info.kv_capacity_tokens,
             });
         }
         Ok(())

@@ -5,9 +5,10 @@
 //! checkpoint's own (`model.layers.N.self_attn.q_proj.weight`, ...).
 //!
 //! `forward` takes a packed batch: the new tokens of several sequences laid
-//! end to end, each with its own KV cache. Linear layers run once over all
-//! tokens of all sequences; attention runs per sequence over its cache. That
-//! lets one step mix prompt prefill and decode of many sequences.
+//! end to end, each with its block table into the shared paged KV pool.
+//! Linear layers run once over all tokens of all sequences; attention runs
+//! per sequence over its own blocks. That lets one step mix prompt prefill
+//! chunks and decodes of many sequences.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,8 +16,9 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+use crate::blocks::BlockId;
 use crate::config::ModelConfig;
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 
 struct Layer {
     input_norm: Tensor,
@@ -52,8 +54,11 @@ pub struct Llama {
 pub struct SeqInput<'a> {
     /// The new tokens to run (a prompt, a chunk of it, or one decode token).
     pub tokens: &'a [u32],
-    /// The sequence's cache; `cache.len()` tokens precede `tokens`.
-    pub cache: &'a mut KvCache,
+    /// Position of `tokens[0]`: how many of the sequence's tokens are
+    /// already in the KV pool.
+    pub start: i64,
+    /// The sequence's blocks, covering at least `start + tokens.len()` positions.
+    pub block_table: &'a [BlockId],
 }
 
 struct Weights {
@@ -166,23 +171,34 @@ impl Llama {
         })
     }
 
-    /// Runs the new tokens of every sequence, appends their keys and values
-    /// to each cache, and returns the final-normed hidden states [N, hidden]
-    /// of all N tokens in input order.
-    pub fn forward(&self, seqs: &mut [SeqInput<'_>]) -> Result<Tensor, EngineError> {
+    /// Runs the new tokens of every sequence, stores their keys and values in
+    /// the pool, and returns the final-normed hidden states [N, hidden] of
+    /// all N tokens in input order.
+    pub fn forward(&self, seqs: &[SeqInput<'_>], pool: &mut KvPool) -> Result<Tensor, EngineError> {
         let cfg = &self.cfg;
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let dev = self.device;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
-        for s in seqs.iter_mut() {
-            let past = s.cache.len();
-            s.cache.reserve(past + s.tokens.len() as i64)?;
+        let mut new_slots = Vec::new();
+        let mut seq_slots = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let end = s.start + s.tokens.len() as i64;
+            if (s.block_table.len() as i64) * pool.block_size() < end {
+                return Err(EngineError::Step(format!(
+                    "block table of {} blocks cannot hold {end} tokens",
+                    s.block_table.len()
+                )));
+            }
             ids.extend(s.tokens.iter().map(|&t| t as i64));
-            pos.extend(past..past + s.tokens.len() as i64);
+            pos.extend(s.start..end);
+            new_slots.extend(pool.slots(s.block_table, s.start, end));
+            seq_slots.push(Tensor::from_slice(&pool.slots(s.block_table, 0, end)).f_to_device(dev)?);
         }
         let n = ids.len() as i64;
-        let ids = Tensor::from_slice(&ids).f_to_device(self.device)?;
-        let pos = Tensor::from_slice(&pos).f_to_device(self.device)?;
+        let ids = Tensor::from_slice(&ids).f_to_device(dev)?;
+        let pos = Tensor::from_slice(&pos).f_to_device(dev)?;
+        let new_slots = Tensor::from_slice(&new_slots).f_to_device(dev)?;
         let cos = self.cos.f_index_select(0, &pos)?.f_unsqueeze(1)?;
         let sin = self.sin.f_index_select(0, &pos)?.f_unsqueeze(1)?;
         let mut x = self.embed.f_index_select(0, &ids)?;
@@ -194,16 +210,12 @@ impl Llama {
             let v = h.f_linear(&l.v, l.v_bias.as_ref())?.f_view([n, nkv, hd])?;
             let q = apply_rope(&q, &cos, &sin)?;
             let k = apply_rope(&k, &cos, &sin)?;
+            pool.write(li, &new_slots, &k, &v)?;
             let mut outs = Vec::with_capacity(seqs.len());
             let mut off = 0i64;
-            for s in seqs.iter_mut() {
+            for (s, slots) in seqs.iter().zip(&seq_slots) {
                 let len = s.tokens.len() as i64;
-                outs.push(s.cache.attend(
-                    li,
-                    &q.f_narrow(0, off, len)?,
-                    &k.f_narrow(0, off, len)?,
-                    &v.f_narrow(0, off, len)?,
-                )?);
+                outs.push(pool.attend(li, &q.f_narrow(0, off, len)?, slots, s.start)?);
                 off += len;
             }
             let attn = Tensor::f_cat(&outs, 0)?.f_view([n, nh * hd])?;
@@ -212,9 +224,6 @@ impl Llama {
             let g = h.f_linear::<Tensor>(&l.gate, None)?.f_silu()?;
             let u = h.f_linear::<Tensor>(&l.up, None)?;
             x = x.f_add(&g.f_mul(&u)?.f_linear::<Tensor>(&l.down, None)?)?;
-        }
-        for s in seqs.iter_mut() {
-            s.cache.advance(s.tokens.len() as i64);
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
     }
@@ -226,23 +235,34 @@ impl Llama {
             .f_to_kind(Kind::Float)?)
     }
 
-    /// Full logits [T, vocab] of a prompt run from an empty cache (for tests
-    /// and scoring).
+    /// Full logits [T, vocab] of a prompt run from scratch in a private
+    /// pool (for tests and scoring).
     pub fn score(&self, tokens: &[u32]) -> Result<Tensor, EngineError> {
-        let mut cache = KvCache::new(self, tokens.len() as i64)?;
-        let h = self.forward(&mut [SeqInput {
-            tokens,
-            cache: &mut cache,
-        }])?;
+        let bs = 16;
+        let blocks = (tokens.len() as i64 + bs - 1) / bs;
+        let mut pool = self.new_pool(blocks.max(1), bs)?;
+        let table: Vec<BlockId> = (0..blocks as BlockId).collect();
+        let h = self.forward(
+            &[SeqInput {
+                tokens,
+                start: 0,
+                block_table: &table,
+            }],
+            &mut pool,
+        )?;
         self.logits(&h)
     }
 
-    pub(crate) fn kv_shape(&self) -> (i64, i64, i64) {
-        (
-            self.cfg.num_layers,
-            self.cfg.num_kv_heads,
-            self.cfg.head_dim,
-        )
+    /// A KV pool shaped for this model.
+    pub fn new_pool(&self, num_blocks: i64, block_size: i64) -> Result<KvPool, EngineError> {
+        let c = &self.cfg;
+        KvPool::new(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.kind, self.device)
+    }
+
+    /// Bytes of KV cache one block of `block_size` tokens takes.
+    pub fn kv_bytes_per_block(&self, block_size: i64) -> i64 {
+        let c = &self.cfg;
+        crate::kv::bytes_per_block(c.num_layers, c.num_kv_heads, c.head_dim, block_size, self.kind)
     }
 }
 

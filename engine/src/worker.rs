@@ -1,22 +1,22 @@
-//! The engine thread: owns the model and every sequence's KV cache, and runs
-//! the batching loop.
+//! The engine thread: owns the model, the paged KV pool and every
+//! sequence, and runs the scheduling loop.
 //!
-//! Each step, new requests join the batch (their prompts prefilled, within a
-//! token budget) beside the decode tokens of the running sequences; one packed
-//! forward serves them all; then each sequence samples its next token and is
-//! told about it. A sequence whose event receiver was dropped is removed
-//! before the next step, freeing its cache.
+//! Each step: take new requests, drop sequences whose receiver is gone
+//! (freeing their blocks), let the scheduler plan the step, run one packed
+//! forward over the planned tokens, and sample for each sequence that has
+//! caught up with its tokens. Stats are published after every step.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 
 use tch::{Device, Kind, Tensor};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 use crate::llama::{Llama, SeqInput};
 use crate::sampler::{Sampler, Sampling};
+use crate::scheduler::{Scheduler, SeqState};
 use crate::{
-    Command, DeviceChoice, EngineError, EngineOptions, Event, FinishReason, GenerateRequest,
+    Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, FinishReason, GenerateRequest,
     ModelInfo, Usage,
 };
 
@@ -33,45 +33,30 @@ pub(crate) fn pick_device(choice: DeviceChoice) -> Result<(Device, Kind), Engine
     }
 }
 
-struct Seq {
+/// Generation state of a sequence (the scheduler keeps the rest).
+struct Gen {
     req: GenerateRequest,
     events: mpsc::UnboundedSender<Event>,
     sampler: Sampler,
-    cache: Option<KvCache>,
-    /// Tokens to run at the next step: the prompt, then each sampled token.
-    pending: Vec<u32>,
     generated: u32,
-    /// The model's EOS ids.
     eos: Vec<u32>,
 }
 
-impl Seq {
-    fn finish(&self, reason: FinishReason) {
-        let usage = Usage {
-            prompt_tokens: self.req.prompt.len() as u32,
-            completion_tokens: self.generated,
-            cached_tokens: 0,
-        };
-        // A closed receiver means the request was cancelled: nothing to tell.
-        let _ = self.events.send(Event::Finished { reason, usage });
-    }
+pub(crate) struct Spawned {
+    pub info: ModelInfo,
+    pub stats: watch::Receiver<EngineStats>,
 }
 
-pub(crate) fn spawn(
-    opts: EngineOptions,
-    rx: mpsc::Receiver<Command>,
-) -> Result<ModelInfo, EngineError> {
+pub(crate) fn spawn(opts: EngineOptions, rx: mpsc::Receiver<Command>) -> Result<Spawned, EngineError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("gyre-engine".into())
         .spawn(move || {
             let _guard = tch::no_grad_guard();
-            let loaded = pick_device(opts.device)
-                .and_then(|(dev, kind)| Llama::load(&opts.model_dir, dev, kind));
-            match loaded {
-                Ok(model) => {
-                    let _ = ready_tx.send(Ok(info(&model)));
-                    Worker::new(model, opts, rx).run();
+            match Worker::load(opts, rx) {
+                Ok((worker, spawned)) => {
+                    let _ = ready_tx.send(Ok(spawned));
+                    worker.run();
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -85,13 +70,14 @@ pub(crate) fn spawn(
     ready_rx.recv().map_err(|_| EngineError::Stopped)?
 }
 
-fn info(model: &Llama) -> ModelInfo {
+fn info(model: &Llama, kv_tokens: u32) -> ModelInfo {
     let c = &model.cfg;
     let d = Sampling::default();
     ModelInfo {
         architecture: c.architecture.clone(),
         vocab_size: c.vocab_size as u32,
         max_model_len: c.max_position_embeddings as u32,
+        kv_capacity_tokens: kv_tokens,
         eos_token_ids: c.eos_token_ids.clone(),
         bos_token_id: c.bos_token_id,
         default_sampling: Sampling {
@@ -110,26 +96,63 @@ fn info(model: &Llama) -> ModelInfo {
 
 struct Worker {
     model: Llama,
-    opts: EngineOptions,
+    pool: KvPool,
+    sched: Scheduler,
     rx: mpsc::Receiver<Command>,
-    waiting: VecDeque<Seq>,
-    running: Vec<Seq>,
+    waiting: Vec<SeqState>,
+    running: Vec<SeqState>,
+    gens: HashMap<u64, Gen>,
+    next_id: u64,
+    stats_tx: watch::Sender<EngineStats>,
+    stats: EngineStats,
 }
 
 impl Worker {
-    fn new(model: Llama, opts: EngineOptions, rx: mpsc::Receiver<Command>) -> Self {
-        Self {
+    fn load(opts: EngineOptions, rx: mpsc::Receiver<Command>) -> Result<(Self, Spawned), EngineError> {
+        let (dev, kind) = pick_device(opts.device)?;
+        let model = Llama::load(&opts.model_dir, dev, kind)?;
+        let bs = opts.block_size.max(1) as i64;
+        let per_block = model.kv_bytes_per_block(bs).max(1);
+        // Enough for every running sequence at full context, within the memory budget.
+        let wanted = (opts.max_running as i64 * model.cfg.max_position_embeddings + bs - 1) / bs + 1;
+        let num_blocks = match opts.num_blocks {
+            Some(n) => n as i64,
+            None => wanted.min(opts.kv_cache_bytes as i64 / per_block).max(1),
+        };
+        let pool = model.new_pool(num_blocks, bs)?;
+        tracing::info!(
+            blocks = num_blocks,
+            block_size = bs,
+            mib = num_blocks * per_block / (1 << 20),
+            "KV cache allocated"
+        );
+        let info = info(&model, (num_blocks * bs) as u32);
+        let stats = EngineStats {
+            block_size: bs as u32,
+            kv_blocks_total: num_blocks as u32,
+            ..EngineStats::default()
+        };
+        let (stats_tx, stats_rx) = watch::channel(stats.clone());
+        let sched = Scheduler::new(num_blocks as u32, bs as usize, opts.max_running, opts.token_budget);
+        let worker = Self {
             model,
-            opts,
+            pool,
+            sched,
             rx,
-            waiting: VecDeque::new(),
+            waiting: Vec::new(),
             running: Vec::new(),
-        }
+            gens: HashMap::new(),
+            next_id: 0,
+            stats_tx,
+            stats,
+        };
+        Ok((worker, Spawned { info, stats: stats_rx }))
     }
 
     fn run(mut self) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
+                self.publish(0);
                 match self.rx.blocking_recv() {
                     Some(cmd) => self.accept(cmd),
                     None => return,
@@ -138,86 +161,108 @@ impl Worker {
             while let Ok(cmd) = self.rx.try_recv() {
                 self.accept(cmd);
             }
-            self.running.retain(|s| !s.events.is_closed());
-            self.waiting.retain(|s| !s.events.is_closed());
-            self.admit();
-            if self.running.is_empty() {
+            self.reap_cancelled();
+            let plan = self.sched.schedule(&mut self.running, &mut self.waiting);
+            if plan.runs.is_empty() {
+                // Cannot happen with validated requests; never spin on it.
+                if let Some(mut s) = (!self.waiting.is_empty()).then(|| self.waiting.remove(0)) {
+                    self.sched.free(&mut s);
+                    self.fail(s.id, EngineError::Step("request cannot be scheduled".into()));
+                }
                 continue;
             }
-            if let Err(e) = self.step() {
+            let step_tokens: usize = plan.runs.iter().map(|r| r.1).sum();
+            if let Err(e) = self.execute(&plan.copies, &plan.runs) {
                 tracing::error!(error = %e, "engine step failed");
-                for s in self.running.drain(..) {
-                    let _ = s
-                        .events
-                        .send(Event::Failed(EngineError::Step(e.to_string())));
+                for mut s in std::mem::take(&mut self.running) {
+                    self.sched.free(&mut s);
+                    self.fail(s.id, EngineError::Step(e.to_string()));
                 }
             }
+            self.publish(step_tokens);
         }
     }
 
     fn accept(&mut self, cmd: Command) {
         match cmd {
             Command::Add { req, events } => {
-                let sampler = Sampler::new(req.sampling.clone());
-                self.waiting.push_back(Seq {
-                    pending: req.prompt.clone(),
-                    req,
-                    events,
-                    sampler,
-                    cache: None,
-                    generated: 0,
-                    eos: self.model.cfg.eos_token_ids.clone(),
-                });
+                let id = self.next_id;
+                self.next_id += 1;
+                let seq = SeqState::new(id, req.priority, req.prompt.clone(), req.cache_salt.clone());
+                self.waiting.push(seq);
+                self.gens.insert(
+                    id,
+                    Gen {
+                        sampler: Sampler::new(req.sampling.clone()),
+                        eos: self.model.cfg.eos_token_ids.clone(),
+                        req,
+                        events,
+                        generated: 0,
+                    },
+                );
             }
         }
     }
 
-    /// Moves waiting requests into the batch while the prefill budget and the
-    /// running limit allow (always at least one when nothing runs).
-    fn admit(&mut self) {
-        let mut budget = self.opts.prefill_budget;
-        while let Some(next) = self.waiting.front() {
-            let need = next.pending.len();
-            let full = self.running.len() >= self.opts.max_running;
-            let fits = need <= budget || self.running.is_empty();
-            if full || !fits {
-                break;
-            }
-            budget = budget.saturating_sub(need);
-            if let Some(s) = self.waiting.pop_front() {
-                self.running.push(s);
-            }
+    /// Frees the blocks of every sequence whose client went away.
+    fn reap_cancelled(&mut self) {
+        let gens = &mut self.gens;
+        let sched = &mut self.sched;
+        for list in [&mut self.running, &mut self.waiting] {
+            list.retain_mut(|s| {
+                let gone = gens.get(&s.id).is_none_or(|g| g.events.is_closed());
+                if gone {
+                    sched.free(s);
+                    gens.remove(&s.id);
+                }
+                !gone
+            });
         }
     }
 
-    fn step(&mut self) -> Result<(), EngineError> {
-        for s in self.running.iter_mut() {
-            if s.cache.is_none() {
-                let cap = s.req.prompt.len() as i64 + (s.req.max_tokens as i64).min(256);
-                s.cache = Some(KvCache::new(&self.model, cap)?);
-            }
+    fn fail(&mut self, id: u64, e: EngineError) {
+        if let Some(g) = self.gens.remove(&id) {
+            let _ = g.events.send(Event::Failed(e));
         }
-        let pending: Vec<Vec<u32>> = self
-            .running
-            .iter_mut()
-            .map(|s| std::mem::take(&mut s.pending))
-            .collect();
-        let mut inputs = Vec::with_capacity(self.running.len());
-        let mut last_rows = Vec::with_capacity(self.running.len());
+    }
+
+    fn execute(
+        &mut self,
+        copies: &[(crate::blocks::BlockId, crate::blocks::BlockId)],
+        runs: &[(u64, usize)],
+    ) -> Result<(), EngineError> {
+        for &(src, dst) in copies {
+            self.pool.copy_block(src, dst)?;
+        }
+        let pos: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        let mut inputs = Vec::with_capacity(runs.len());
+        let mut rows = Vec::new();
+        let mut sampled = Vec::new();
         let mut row = 0i64;
-        for (s, toks) in self.running.iter_mut().zip(&pending) {
-            row += toks.len() as i64;
-            last_rows.push(row - 1);
-            if let Some(cache) = s.cache.as_mut() {
-                inputs.push(SeqInput {
-                    tokens: toks,
-                    cache,
-                });
+        for &(id, n) in runs {
+            let s = &self.running[pos[&id]];
+            inputs.push(SeqInput {
+                tokens: &s.tokens[s.computed..s.computed + n],
+                start: s.computed as i64,
+                block_table: &s.blocks,
+            });
+            row += n as i64;
+            if s.computed + n == s.tokens.len() {
+                rows.push(row - 1);
+                sampled.push(id);
             }
         }
-        let hidden = self.model.forward(&mut inputs)?;
+        let hidden = self.model.forward(&inputs, &mut self.pool)?;
         drop(inputs);
-        let idx = Tensor::from_slice(&last_rows).f_to_device(self.model.device)?;
+        for &(id, n) in runs {
+            let s = &mut self.running[pos[&id]];
+            s.computed += n;
+            self.sched.register_full_blocks(s);
+        }
+        if sampled.is_empty() {
+            return Ok(());
+        }
+        let idx = Tensor::from_slice(&rows).f_to_device(self.model.device)?;
         let logits = self
             .model
             .logits(&hidden.f_index_select(0, &idx)?)?
@@ -227,30 +272,61 @@ impl Worker {
         let mut flat = vec![0f32; numel];
         logits.f_copy_data(&mut flat, numel)?;
         let max_len = self.model.cfg.max_position_embeddings as usize;
-        let mut done = Vec::new();
-        for (i, s) in self.running.iter_mut().enumerate() {
-            let tok = s.sampler.sample(&flat[i * vocab..(i + 1) * vocab]);
-            s.generated += 1;
-            if s.events.send(Event::Token(tok)).is_err() {
-                done.push(i);
+        let mut finished = Vec::new();
+        for (i, id) in sampled.into_iter().enumerate() {
+            let s = &mut self.running[pos[&id]];
+            let Some(g) = self.gens.get_mut(&id) else { continue };
+            let tok = g.sampler.sample(&flat[i * vocab..(i + 1) * vocab]);
+            if g.generated == 0 {
+                let cached_tokens = s.cached_tokens as u32;
+                let _ = g.events.send(Event::Prefilled { cached_tokens });
+            }
+            g.generated += 1;
+            self.stats.generated_tokens_total += 1;
+            if g.events.send(Event::Token(tok)).is_err() {
+                finished.push((id, None));
                 continue;
             }
-            let is_stop =
-                (!s.req.ignore_eos && s.eos.contains(&tok)) || s.req.stop_token_ids.contains(&tok);
-            let total = s.req.prompt.len() + s.generated as usize;
-            if is_stop {
-                s.finish(FinishReason::Stop(tok));
-                done.push(i);
-            } else if s.generated >= s.req.max_tokens || total >= max_len {
-                s.finish(FinishReason::Length);
-                done.push(i);
+            let stop = (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
+            let total = s.tokens.len() + 1;
+            if stop {
+                finished.push((id, Some(FinishReason::Stop(tok))));
+            } else if g.generated >= g.req.max_tokens || total >= max_len {
+                finished.push((id, Some(FinishReason::Length)));
             } else {
-                s.pending.push(tok);
+                s.tokens.push(tok);
             }
         }
-        for i in done.into_iter().rev() {
-            self.running.swap_remove(i);
+        for (id, reason) in finished {
+            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            let mut s = self.running.swap_remove(i);
+            self.sched.free(&mut s);
+            if let (Some(g), Some(reason)) = (self.gens.remove(&id), reason) {
+                let usage = Usage {
+                    prompt_tokens: g.req.prompt.len() as u32,
+                    completion_tokens: g.generated,
+                    cached_tokens: s.cached_tokens as u32,
+                };
+                let _ = g.events.send(Event::Finished { reason, usage });
+            }
         }
         Ok(())
+    }
+
+    fn publish(&mut self, step_tokens: usize) {
+        let st = &mut self.stats;
+        let a = &self.sched.alloc;
+        st.waiting = self.waiting.len() as u32;
+        st.running = self.running.len() as u32;
+        st.kv_blocks_used = a.used();
+        st.kv_blocks_cached = a.cached();
+        st.prefix_query_tokens_total = self.sched.stats.prefix_query_tokens;
+        st.prefix_hit_tokens_total = self.sched.stats.prefix_hit_tokens;
+        st.preemptions_total = self.sched.stats.preemptions;
+        st.last_step_tokens = step_tokens as u32;
+        if step_tokens > 0 {
+            st.steps_total += 1;
+        }
+        let _ = self.stats_tx.send(st.clone());
     }
 }

@@ -109,6 +109,8 @@ fn greedy_continuations_match_transformers_under_batching() {
                         },
                         stop_token_ids: vec![],
                         ignore_eos: true,
+                        priority: 0,
+                        cache_salt: String::new(),
                     })
                     .expect("submit")
             })
@@ -120,6 +122,7 @@ fn greedy_continuations_match_transformers_under_batching() {
                 while let Some(ev) = rx.recv().await {
                     match ev {
                         Event::Token(t) => toks.push(t),
+                        Event::Prefilled { .. } => {}
                         Event::Finished { usage, .. } => {
                             assert_eq!(usage.completion_tokens as usize, toks.len());
                             break;

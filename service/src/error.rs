@@ -80,6 +80,12 @@ impl ServiceError {
                     Some("max_tokens".into()),
                     e.to_string(),
                 ),
+                E::ExceedsKvCapacity { .. } => (
+                    Code::InvalidArgument,
+                    "EXCEEDS_KV_CAPACITY",
+                    Some("max_tokens".into()),
+                    e.to_string(),
+                ),
                 E::ZeroMaxTokens => (
                     Code::InvalidArgument,
                     "INVALID_MAX_TOKENS",

@@ -98,15 +98,16 @@ async fn run(
     let mut stops = StopMatcher::new(p.stop.clone());
     let prompt_tokens = p.engine_req.prompt.len() as u32;
     let mut generated = 0u32;
-    let usage = |completion| v1::Usage {
+    let mut cached = 0u32;
+    let usage = |completion, cached| v1::Usage {
         prompt_tokens,
         completion_tokens: completion,
-        cached_tokens: 0,
+        cached_tokens: cached,
     };
     let finish =
-        |reason: FinishReason, completion, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
+        |reason: FinishReason, u: v1::Usage, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
             reason: reason as i32,
-            usage: Some(usage(completion)),
+            usage: Some(u),
             matched_stop: stop,
             matched_stop_token_id: stop_id,
             error: None,
@@ -115,7 +116,7 @@ async fn run(
         let ev = tokio::select! {
             biased;
             _ = &mut cancel => {
-                let f = finish(FinishReason::Cancelled, generated, None, None);
+                let f = finish(FinishReason::Cancelled, usage(generated, cached), None, None);
                 let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                 return;
             }
@@ -128,6 +129,10 @@ async fn run(
             ev = events.recv() => ev,
         };
         let msg = match ev {
+            Some(Event::Prefilled { cached_tokens }) => {
+                cached = cached_tokens;
+                continue;
+            }
             Some(Event::Token(t)) => {
                 generated += 1;
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
@@ -169,7 +174,7 @@ async fn run(
                         {
                             return;
                         }
-                        let f = finish(FinishReason::Stop, generated, Some(s), None);
+                        let f = finish(FinishReason::Stop, usage(generated, cached), Some(s), None);
                         let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                         return;
                     }
@@ -189,7 +194,7 @@ async fn run(
                                 }),
                             )))
                             .await;
-                        let f = finish(FinishReason::Stop, u.completion_tokens, Some(s), None);
+                        let f = finish(FinishReason::Stop, usage(u.completion_tokens, u.cached_tokens), Some(s), None);
                         let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                         return;
                     }
@@ -210,10 +215,10 @@ async fn run(
                 }
                 let f = match reason {
                     EngineFinish::Stop(t) => {
-                        finish(FinishReason::Stop, u.completion_tokens, None, Some(t))
+                        finish(FinishReason::Stop, usage(u.completion_tokens, u.cached_tokens), None, Some(t))
                     }
                     EngineFinish::Length => {
-                        finish(FinishReason::Length, u.completion_tokens, None, None)
+                        finish(FinishReason::Length, usage(u.completion_tokens, u.cached_tokens), None, None)
                     }
                 };
                 let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
@@ -403,6 +408,26 @@ impl Generation for GenerationService {
         let model = request::resolve(&self.models, &req.model)?;
         let text = model.decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
         Ok(Response::new(DetokenizeResponse { text }))
+    }
+
+    async fn get_stats(&self, request: Request<v1::GetStatsRequest>) -> Result<Response<v1::EngineStats>, Status> {
+        let model = request::resolve(&self.models, &request.into_inner().model)?;
+        let s = model.engine.stats();
+        Ok(Response::new(v1::EngineStats {
+            model: model.id.clone(),
+            waiting: s.waiting,
+            running: s.running,
+            block_size: s.block_size,
+            kv_blocks_total: s.kv_blocks_total,
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_cached: s.kv_blocks_cached,
+            prefix_query_tokens_total: s.prefix_query_tokens_total,
+            prefix_hit_tokens_total: s.prefix_hit_tokens_total,
+            last_step_tokens: s.last_step_tokens,
+            steps_total: s.steps_total,
+            preemptions_total: s.preemptions_total,
+            generated_tokens_total: s.generated_tokens_total,
+        }))
     }
 
     async fn list_models(

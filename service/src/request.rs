@@ -163,6 +163,8 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         sampling,
         stop_token_ids: req.stop_token_ids.clone(),
         ignore_eos: req.ignore_eos,
+        priority: req.priority.unwrap_or(0),
+        cache_salt: req.cache_salt.clone().unwrap_or_default(),
     };
     Ok(Prepared {
         model,

@@ -174,6 +174,8 @@ fn common_to_proto(
         stop_token_ids: common.stop_token_ids.unwrap_or_default(),
         ignore_eos: common.ignore_eos.unwrap_or(false),
         skip_special_tokens: common.skip_special_tokens,
+        priority: common.priority.map(i32::saturating_neg),
+        cache_salt: common.cache_salt,
     };
     Ok((request, mode))
 }

@@ -35,6 +35,11 @@ pub struct CommonParams {
     pub ignore_eos: Option<bool>,
     /// Extension (vLLM): leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
+    /// Extension (vLLM): scheduling priority, *lower* runs first (vLLM's
+    /// convention; gyre.v1 uses higher-first, so the shim negates it).
+    pub priority: Option<i32>,
+    /// Extension (vLLM): prefix-cache salt isolating this request's cache.
+    pub cache_salt: Option<String>,
 }
 
 /// `stream_options`.

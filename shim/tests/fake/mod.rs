@@ -188,6 +188,13 @@ impl Generation for Fake {
         Err(Status::unimplemented("fake"))
     }
 
+    async fn get_stats(
+        &self,
+        _: Request<pb::GetStatsRequest>,
+    ) -> Result<Response<pb::EngineStats>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+
     async fn list_models(
         &self,
         _: Request<pb::ListModelsRequest>,
