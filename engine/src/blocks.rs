@@ -28,7 +28,11 @@ pub fn block_hash(prev: Option<u64>, tokens: &[u32], salt: &str) -> u64 {
         eat(b);
     }
     eat(prev.is_some() as u8);
-    for b in (salt.len() as u64).to_le_bytes().into_iter().chain(salt.bytes()) {
+    for b in (salt.len() as u64)
+        .to_le_bytes()
+        .into_iter()
+        .chain(salt.bytes())
+    {
         eat(b);
     }
     for t in tokens {
@@ -205,7 +209,10 @@ mod tests {
         assert_eq!(h1, block_hash(None, &[1, 2, 3], ""));
         assert_ne!(h1, block_hash(None, &[1, 2, 4], ""));
         assert_ne!(h1, block_hash(None, &[1, 2, 3], "tenant-a"));
-        assert_ne!(block_hash(Some(h1), &[5], ""), block_hash(Some(h1 ^ 1), &[5], ""));
+        assert_ne!(
+            block_hash(Some(h1), &[5], ""),
+            block_hash(Some(h1 ^ 1), &[5], "")
+        );
         assert_ne!(block_hash(None, &[5], ""), block_hash(Some(0), &[5], ""));
     }
 

@@ -20,7 +20,13 @@ pub struct KvPool {
 }
 
 /// Bytes one block takes across all layers (keys and values).
-pub fn bytes_per_block(layers: i64, kv_heads: i64, head_dim: i64, block_size: i64, kind: Kind) -> i64 {
+pub fn bytes_per_block(
+    layers: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    block_size: i64,
+    kind: Kind,
+) -> i64 {
     2 * layers * block_size * kv_heads * head_dim * kind.elt_size_in_bytes() as i64
 }
 
@@ -38,8 +44,14 @@ impl KvPool {
         let mut k = Vec::with_capacity(layers as usize);
         let mut v = Vec::with_capacity(layers as usize);
         for _ in 0..layers {
-            k.push(Tensor::f_zeros([slots, kv_heads, head_dim], (kind, device))?);
-            v.push(Tensor::f_zeros([slots, kv_heads, head_dim], (kind, device))?);
+            k.push(Tensor::f_zeros(
+                [slots, kv_heads, head_dim],
+                (kind, device),
+            )?);
+            v.push(Tensor::f_zeros(
+                [slots, kv_heads, head_dim],
+                (kind, device),
+            )?);
         }
         Ok(Self {
             k,
@@ -60,12 +72,20 @@ impl KvPool {
     /// Slot indices of positions `from..to` of a sequence with this block table.
     pub fn slots(&self, table: &[BlockId], from: i64, to: i64) -> Vec<i64> {
         (from..to)
-            .map(|p| table[(p / self.block_size) as usize] as i64 * self.block_size + p % self.block_size)
+            .map(|p| {
+                table[(p / self.block_size) as usize] as i64 * self.block_size + p % self.block_size
+            })
             .collect()
     }
 
     /// Stores keys and values ([n, kv_heads, head_dim]) of `layer` at `slots` ([n]).
-    pub fn write(&mut self, layer: usize, slots: &Tensor, k: &Tensor, v: &Tensor) -> Result<(), EngineError> {
+    pub fn write(
+        &mut self,
+        layer: usize,
+        slots: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(), EngineError> {
         let _ = self.k[layer].f_index_copy_(0, slots, k)?;
         let _ = self.v[layer].f_index_copy_(0, slots, v)?;
         Ok(())
@@ -74,21 +94,52 @@ impl KvPool {
     /// Attention of queries ([len, heads, head_dim], at positions
     /// `past..past + len`) over the keys and values at `slots` (all
     /// `past + len` positions of the sequence). Returns [len, heads, head_dim].
-    pub fn attend(&self, layer: usize, q: &Tensor, slots: &Tensor, past: i64) -> Result<Tensor, EngineError> {
+    pub fn attend(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        slots: &Tensor,
+        past: i64,
+    ) -> Result<Tensor, EngineError> {
         let len = q.size()[0];
         let total = past + len;
         let q = q.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let keys = self.k[layer].f_index_select(0, slots)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let vals = self.v[layer].f_index_select(0, slots)?.f_transpose(0, 1)?.f_unsqueeze(0)?;
+        let keys = self.k[layer]
+            .f_index_select(0, slots)?
+            .f_transpose(0, 1)?
+            .f_unsqueeze(0)?;
+        let vals = self.v[layer]
+            .f_index_select(0, slots)?
+            .f_transpose(0, 1)?
+            .f_unsqueeze(0)?;
         let out = if len == 1 || past == 0 {
             // One query sees everything; a fresh prompt is plainly causal.
-            Tensor::f_scaled_dot_product_attention::<Tensor>(&q, &keys, &vals, None, 0.0, len > 1, None, true)?
+            Tensor::f_scaled_dot_product_attention::<Tensor>(
+                &q,
+                &keys,
+                &vals,
+                None,
+                0.0,
+                len > 1,
+                None,
+                true,
+            )?
         } else {
             // Query i (at position past + i) sees keys 0..=past + i.
-            let qi = Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
+            let qi =
+                Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
             let kj = Tensor::f_arange(total, (Kind::Int64, q.device()))?.f_unsqueeze(0)?;
             let mask = kj.f_le_tensor(&qi)?;
-            Tensor::f_scaled_dot_product_attention(&q, &keys, &vals, Some(&mask), 0.0, false, None, true)?
+            Tensor::f_scaled_dot_product_attention(
+                &q,
+                &keys,
+                &vals,
+                Some(&mask),
+                0.0,
+                false,
+                None,
+                true,
+            )?
         };
         Ok(out.f_squeeze_dim(0)?.f_transpose(0, 1)?)
     }

@@ -181,9 +181,14 @@ pub struct Usage {
 pub enum Event {
     /// The prompt is in the KV cache; `cached_tokens` of it came from the
     /// prefix cache. Sent once, before the first token.
-    Prefilled { cached_tokens: u32 },
+    Prefilled {
+        cached_tokens: u32,
+    },
     Token(u32),
-    Finished { reason: FinishReason, usage: Usage },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Failed(EngineError),
 }
 
@@ -206,6 +211,18 @@ impl Engine {
     /// Starts the engine thread and loads the model there. Blocks until the
     /// model is loaded (call it from `spawn_blocking` in async code).
     pub fn start(opts: EngineOptions) -> Result<Self, EngineError> {
+        for (name, v) in [
+            ("block size", opts.block_size),
+            ("max running sequences", opts.max_running),
+            ("token budget per step", opts.token_budget),
+            ("queue capacity", opts.queue_capacity),
+        ] {
+            if v == 0 {
+                return Err(EngineError::Unsupported(format!(
+                    "{name} must be at least 1"
+                )));
+            }
+        }
         let (tx, rx) = mpsc::channel(opts.queue_capacity);
         let spawned = worker::spawn(opts, rx)?;
         Ok(Self {

@@ -193,7 +193,8 @@ impl Llama {
             ids.extend(s.tokens.iter().map(|&t| t as i64));
             pos.extend(s.start..end);
             new_slots.extend(pool.slots(s.block_table, s.start, end));
-            seq_slots.push(Tensor::from_slice(&pool.slots(s.block_table, 0, end)).f_to_device(dev)?);
+            seq_slots
+                .push(Tensor::from_slice(&pool.slots(s.block_table, 0, end)).f_to_device(dev)?);
         }
         let n = ids.len() as i64;
         let ids = Tensor::from_slice(&ids).f_to_device(dev)?;
@@ -256,13 +257,27 @@ impl Llama {
     /// A KV pool shaped for this model.
     pub fn new_pool(&self, num_blocks: i64, block_size: i64) -> Result<KvPool, EngineError> {
         let c = &self.cfg;
-        KvPool::new(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, self.kind, self.device)
+        KvPool::new(
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            num_blocks,
+            block_size,
+            self.kind,
+            self.device,
+        )
     }
 
     /// Bytes of KV cache one block of `block_size` tokens takes.
     pub fn kv_bytes_per_block(&self, block_size: i64) -> i64 {
         let c = &self.cfg;
-        crate::kv::bytes_per_block(c.num_layers, c.num_kv_heads, c.head_dim, block_size, self.kind)
+        crate::kv::bytes_per_block(
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            block_size,
+            self.kind,
+        )
     }
 }
 

@@ -77,7 +77,12 @@ fn order_key(s: &SeqState) -> (i64, u64) {
 }
 
 impl Scheduler {
-    pub fn new(num_blocks: u32, block_size: usize, max_running: usize, token_budget: usize) -> Self {
+    pub fn new(
+        num_blocks: u32,
+        block_size: usize,
+        max_running: usize,
+        token_budget: usize,
+    ) -> Self {
         Self {
             alloc: BlockAllocator::new(num_blocks),
             block_size,
@@ -103,13 +108,20 @@ impl Scheduler {
 
     /// Gives `s` blocks for its first `upto` tokens, making the block that
     /// position `s.computed` falls in private first. False when out of blocks.
-    fn ensure_blocks(&mut self, s: &mut SeqState, upto: usize, copies: &mut Vec<(BlockId, BlockId)>) -> bool {
+    fn ensure_blocks(
+        &mut self,
+        s: &mut SeqState,
+        upto: usize,
+        copies: &mut Vec<(BlockId, BlockId)>,
+    ) -> bool {
         let first = s.computed / self.block_size;
         if s.computed % self.block_size != 0
             && let Some(&shared) = s.blocks.get(first)
             && self.alloc.refcount(shared) > 1
         {
-            let Some(own) = self.alloc.allocate() else { return false };
+            let Some(own) = self.alloc.allocate() else {
+                return false;
+            };
             copies.push((shared, own));
             self.alloc.release(shared);
             s.blocks[first] = own;
@@ -183,7 +195,11 @@ impl Scheduler {
                 }
                 // Out of blocks: preempt the last (lowest, newest) sequence,
                 // which is this one when nothing ranks below it.
-                let victim = if tail.is_empty() { i } else { running.len() - 1 };
+                let victim = if tail.is_empty() {
+                    i
+                } else {
+                    running.len() - 1
+                };
                 let mut v = running.remove(victim);
                 self.free(&mut v);
                 self.stats.preemptions += 1;
@@ -220,14 +236,22 @@ mod tests {
     use super::*;
 
     fn seq(id: u64, priority: i32, len: usize) -> SeqState {
-        SeqState::new(id, priority, (0..len as u32).map(|t| t + 100 * id as u32).collect(), String::new())
+        SeqState::new(
+            id,
+            priority,
+            (0..len as u32).map(|t| t + 100 * id as u32).collect(),
+            String::new(),
+        )
     }
 
     /// Applies a plan as the worker would: mark tokens computed, index full
     /// blocks, and append one generated token to sequences that caught up.
     fn execute(s: &mut Scheduler, running: &mut [SeqState], plan: &Plan) {
         for &(id, n) in &plan.runs {
-            let q = running.iter_mut().find(|q| q.id == id).expect("planned seq runs");
+            let q = running
+                .iter_mut()
+                .find(|q| q.id == id)
+                .expect("planned seq runs");
             q.computed += n;
             s.register_full_blocks(q);
             if q.computed == q.tokens.len() {
@@ -245,10 +269,18 @@ mod tests {
         execute(&mut s, &mut run, &p);
         wait.push(seq(2, 0, 3));
         let p = s.schedule(&mut run, &mut wait);
-        assert_eq!(p.runs, vec![(1, 10)], "the running prefill takes the budget first");
+        assert_eq!(
+            p.runs,
+            vec![(1, 10)],
+            "the running prefill takes the budget first"
+        );
         execute(&mut s, &mut run, &p);
         let p = s.schedule(&mut run, &mut wait);
-        assert_eq!(p.runs, vec![(1, 5), (2, 3)], "the rest of the budget admits the next request");
+        assert_eq!(
+            p.runs,
+            vec![(1, 5), (2, 3)],
+            "the rest of the budget admits the next request"
+        );
         execute(&mut s, &mut run, &p);
         let p = s.schedule(&mut run, &mut wait);
         assert_eq!(p.runs, vec![(1, 1), (2, 1)], "both decode");
@@ -270,13 +302,19 @@ mod tests {
         let p = s.schedule(&mut run, &mut wait);
         assert_eq!(p.runs, vec![(2, 2)], "8 of 10 tokens come from the cache");
         assert_eq!(run[0].cached_tokens, 8);
-        assert_eq!((s.stats.prefix_query_tokens, s.stats.prefix_hit_tokens), (20, 8));
+        assert_eq!(
+            (s.stats.prefix_query_tokens, s.stats.prefix_hit_tokens),
+            (20, 8)
+        );
         let mut salted = seq(1, 0, 10);
         salted.id = 3;
         salted.salt = "tenant".into();
         wait.push(salted);
         let p = s.schedule(&mut run, &mut wait);
-        assert!(p.runs.contains(&(3, 10)), "another salt must not hit: {p:?}");
+        assert!(
+            p.runs.contains(&(3, 10)),
+            "another salt must not hit: {p:?}"
+        );
     }
 
     #[test]
@@ -311,7 +349,10 @@ mod tests {
         let p = s.schedule(&mut run, &mut wait);
         // 9 tokens now (8 + 1 generated): two full blocks reused, 1 recomputed.
         assert_eq!(p.runs, vec![(1, 1)]);
-        assert_eq!(run[0].cached_tokens, 0, "only the first admission counts as a prefix hit");
+        assert_eq!(
+            run[0].cached_tokens, 0,
+            "only the first admission counts as a prefix hit"
+        );
     }
 
     #[test]
@@ -331,8 +372,15 @@ mod tests {
         fork.admitted_once = true;
         run.push(fork);
         let p = s.schedule(&mut run, &mut wait);
-        assert_eq!(p.copies.len(), 1, "the first writer copies the shared partial block");
+        assert_eq!(
+            p.copies.len(),
+            1,
+            "the first writer copies the shared partial block"
+        );
         assert_ne!(run[0].blocks[1], run[1].blocks[1]);
-        assert_eq!(run[0].blocks[0], run[1].blocks[0], "full blocks stay shared");
+        assert_eq!(
+            run[0].blocks[0], run[1].blocks[0],
+            "full blocks stay shared"
+        );
     }
 }

@@ -16,8 +16,8 @@ use crate::llama::{Llama, SeqInput};
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
 use crate::{
-    Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, FinishReason, GenerateRequest,
-    ModelInfo, Usage,
+    Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, FinishReason,
+    GenerateRequest, ModelInfo, Usage,
 };
 
 /// The device and dtype: bf16 on CUDA, f32 on CPU.
@@ -47,7 +47,10 @@ pub(crate) struct Spawned {
     pub stats: watch::Receiver<EngineStats>,
 }
 
-pub(crate) fn spawn(opts: EngineOptions, rx: mpsc::Receiver<Command>) -> Result<Spawned, EngineError> {
+pub(crate) fn spawn(
+    opts: EngineOptions,
+    rx: mpsc::Receiver<Command>,
+) -> Result<Spawned, EngineError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("gyre-engine".into())
@@ -108,13 +111,17 @@ struct Worker {
 }
 
 impl Worker {
-    fn load(opts: EngineOptions, rx: mpsc::Receiver<Command>) -> Result<(Self, Spawned), EngineError> {
+    fn load(
+        opts: EngineOptions,
+        rx: mpsc::Receiver<Command>,
+    ) -> Result<(Self, Spawned), EngineError> {
         let (dev, kind) = pick_device(opts.device)?;
         let model = Llama::load(&opts.model_dir, dev, kind)?;
-        let bs = opts.block_size.max(1) as i64;
+        let bs = opts.block_size as i64;
         let per_block = model.kv_bytes_per_block(bs).max(1);
         // Enough for every running sequence at full context, within the memory budget.
-        let wanted = (opts.max_running as i64 * model.cfg.max_position_embeddings + bs - 1) / bs + 1;
+        let wanted =
+            (opts.max_running as i64 * model.cfg.max_position_embeddings + bs - 1) / bs + 1;
         let num_blocks = match opts.num_blocks {
             Some(n) => n as i64,
             None => wanted.min(opts.kv_cache_bytes as i64 / per_block).max(1),
@@ -133,7 +140,12 @@ impl Worker {
             ..EngineStats::default()
         };
         let (stats_tx, stats_rx) = watch::channel(stats.clone());
-        let sched = Scheduler::new(num_blocks as u32, bs as usize, opts.max_running, opts.token_budget);
+        let sched = Scheduler::new(
+            num_blocks as u32,
+            bs as usize,
+            opts.max_running,
+            opts.token_budget,
+        );
         let worker = Self {
             model,
             pool,
@@ -146,7 +158,13 @@ impl Worker {
             stats_tx,
             stats,
         };
-        Ok((worker, Spawned { info, stats: stats_rx }))
+        Ok((
+            worker,
+            Spawned {
+                info,
+                stats: stats_rx,
+            },
+        ))
     }
 
     fn run(mut self) {
@@ -167,7 +185,10 @@ impl Worker {
                 // Cannot happen with validated requests; never spin on it.
                 if let Some(mut s) = (!self.waiting.is_empty()).then(|| self.waiting.remove(0)) {
                     self.sched.free(&mut s);
-                    self.fail(s.id, EngineError::Step("request cannot be scheduled".into()));
+                    self.fail(
+                        s.id,
+                        EngineError::Step("request cannot be scheduled".into()),
+                    );
                 }
                 continue;
             }
@@ -188,7 +209,8 @@ impl Worker {
             Command::Add { req, events } => {
                 let id = self.next_id;
                 self.next_id += 1;
-                let seq = SeqState::new(id, req.priority, req.prompt.clone(), req.cache_salt.clone());
+                let seq =
+                    SeqState::new(id, req.priority, req.prompt.clone(), req.cache_salt.clone());
                 self.waiting.push(seq);
                 self.gens.insert(
                     id,
@@ -234,7 +256,12 @@ impl Worker {
         for &(src, dst) in copies {
             self.pool.copy_block(src, dst)?;
         }
-        let pos: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        let pos: HashMap<u64, usize> = self
+            .running
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.id, i))
+            .collect();
         let mut inputs = Vec::with_capacity(runs.len());
         let mut rows = Vec::new();
         let mut sampled = Vec::new();
@@ -275,7 +302,9 @@ impl Worker {
         let mut finished = Vec::new();
         for (i, id) in sampled.into_iter().enumerate() {
             let s = &mut self.running[pos[&id]];
-            let Some(g) = self.gens.get_mut(&id) else { continue };
+            let Some(g) = self.gens.get_mut(&id) else {
+                continue;
+            };
             let tok = g.sampler.sample(&flat[i * vocab..(i + 1) * vocab]);
             if g.generated == 0 {
                 let cached_tokens = s.cached_tokens as u32;
@@ -287,7 +316,8 @@ impl Worker {
                 finished.push((id, None));
                 continue;
             }
-            let stop = (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
+            let stop =
+                (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
             let total = s.tokens.len() + 1;
             if stop {
                 finished.push((id, Some(FinishReason::Stop(tok))));
@@ -298,7 +328,9 @@ impl Worker {
             }
         }
         for (id, reason) in finished {
-            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                continue;
+            };
             let mut s = self.running.swap_remove(i);
             self.sched.free(&mut s);
             if let (Some(g), Some(reason)) = (self.gens.remove(&id), reason) {

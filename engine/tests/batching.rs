@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
-use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, FinishReason, GenerateRequest, Sampling};
+use gyre_engine::{
+    DeviceChoice, Engine, EngineOptions, Event, FinishReason, GenerateRequest, Sampling,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 fn model_dir() -> PathBuf {
@@ -24,7 +26,9 @@ fn engine(f: impl FnOnce(&mut EngineOptions)) -> Engine {
 
 /// A deterministic prompt of `len` ids from `seed`, within the vocabulary.
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| 100 + (seed * 7919 + i * 104_729) % 31_000).collect()
+    (0..len as u32)
+        .map(|i| 100 + (seed * 7919 + i * 104_729) % 31_000)
+        .collect()
 }
 
 fn greedy(p: Vec<u32>, max_tokens: u32) -> GenerateRequest {
@@ -62,7 +66,11 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
             Event::Finished { reason, usage } => {
                 assert_eq!(usage.completion_tokens as usize, tokens.len());
                 assert_eq!(usage.cached_tokens, cached);
-                return Outcome { tokens, cached, reason };
+                return Outcome {
+                    tokens,
+                    cached,
+                    reason,
+                };
             }
             Event::Failed(e) => panic!("request failed: {e}"),
         }
@@ -71,7 +79,10 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 /// Each request alone, on a fresh engine with nothing cached.
@@ -80,17 +91,24 @@ fn alone(reqs: &[GenerateRequest]) -> Vec<Vec<u32>> {
     reqs.iter()
         .map(|r| {
             let e = engine(|_| {});
-            rt.block_on(collect(e.submit(r.clone()).expect("submit"))).tokens
+            rt.block_on(collect(e.submit(r.clone()).expect("submit")))
+                .tokens
         })
         .collect()
 }
 
 #[test]
 fn staggered_mixed_length_requests_with_chunked_prefill_match_alone() {
-    let reqs: Vec<_> = [(1, 5, 20), (2, 70, 12), (3, 33, 25), (4, 1, 8), (5, 120, 16)]
-        .into_iter()
-        .map(|(seed, len, max)| greedy(prompt(seed, len), max))
-        .collect();
+    let reqs: Vec<_> = [
+        (1, 5, 20),
+        (2, 70, 12),
+        (3, 33, 25),
+        (4, 1, 8),
+        (5, 120, 16),
+    ]
+    .into_iter()
+    .map(|(seed, len, max)| greedy(prompt(seed, len), max))
+    .collect();
     let want = alone(&reqs);
     // A small step budget forces chunked prefill beside running decodes.
     let e = engine(|o| o.token_budget = 24);
@@ -104,7 +122,10 @@ fn staggered_mixed_length_requests_with_chunked_prefill_match_alone() {
                 head.push(t);
             }
         }
-        let rest: Vec<_> = reqs[1..].iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
+        let rest: Vec<_> = reqs[1..]
+            .iter()
+            .map(|r| e.submit(r.clone()).expect("submit"))
+            .collect();
         let mut out = vec![collect_after(first, head).await.tokens];
         for rx in rest {
             out.push(collect(rx).await.tokens);
@@ -139,18 +160,26 @@ fn prefix_cache_hits_are_reported_and_change_nothing() {
     assert_eq!(c.tokens, want[1]);
     let s = rt.block_on(e.wait_stats(|s| s.running == 0 && s.waiting == 0));
     assert_eq!(s.prefix_hit_tokens_total, 80);
-    assert!(s.kv_blocks_cached > 0, "finished requests leave reusable blocks");
+    assert!(
+        s.kv_blocks_cached > 0,
+        "finished requests leave reusable blocks"
+    );
 }
 
 #[test]
 fn preempted_requests_resume_and_match_alone() {
     // 12 blocks of 16 = 192 tokens for four requests that need 60-76 each.
-    let reqs: Vec<_> = (0..4).map(|i| greedy(prompt(20 + i, 30 + 8 * i as usize), 30)).collect();
+    let reqs: Vec<_> = (0..4)
+        .map(|i| greedy(prompt(20 + i, 30 + 8 * i as usize), 30))
+        .collect();
     let want = alone(&reqs);
     let e = engine(|o| o.num_blocks = Some(12));
     let rt = rt();
     let got: Vec<Vec<u32>> = rt.block_on(async {
-        let rxs: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).expect("submit")).collect();
+        let rxs: Vec<_> = reqs
+            .iter()
+            .map(|r| e.submit(r.clone()).expect("submit"))
+            .collect();
         let mut out = vec![];
         for rx in rxs {
             let o = collect(rx).await;
@@ -160,7 +189,10 @@ fn preempted_requests_resume_and_match_alone() {
         out
     });
     let s = rt.block_on(e.wait_stats(|s| s.running == 0 && s.waiting == 0));
-    assert!(s.preemptions_total > 0, "the pool is too small: something must be preempted");
+    assert!(
+        s.preemptions_total > 0,
+        "the pool is too small: something must be preempted"
+    );
     assert_eq!(got, want);
     assert_eq!(s.kv_blocks_used, 0);
 }
@@ -168,7 +200,10 @@ fn preempted_requests_resume_and_match_alone() {
 #[test]
 fn a_request_that_can_never_fit_is_refused_at_admission() {
     let e = engine(|o| o.num_blocks = Some(4));
-    let err = e.submit(greedy(prompt(1, 60), 10)).err().expect("70 tokens cannot fit in 64");
+    let err = e
+        .submit(greedy(prompt(1, 60), 10))
+        .err()
+        .expect("70 tokens cannot fit in 64");
     assert!(err.to_string().contains("KV cache"), "{err}");
 }
 
@@ -203,7 +238,9 @@ fn cancelled_requests_free_every_block() {
     let e = engine(|_| {});
     let rt = rt();
     rt.block_on(async {
-        let mut rxs: Vec<_> = (0..24).map(|i| e.submit(greedy(prompt(i, 40), 500)).expect("submit")).collect();
+        let mut rxs: Vec<_> = (0..24)
+            .map(|i| e.submit(greedy(prompt(i, 40), 500)).expect("submit"))
+            .collect();
         // Read a token or two from each, then hang up.
         for rx in rxs.iter_mut() {
             while !matches!(rx.recv().await, Some(Event::Token(_))) {}
@@ -211,6 +248,9 @@ fn cancelled_requests_free_every_block() {
         assert!(e.stats().kv_blocks_used > 0);
         drop(rxs);
         let s = e.wait_stats(|s| s.running == 0 && s.waiting == 0).await;
-        assert_eq!(s.kv_blocks_used, 0, "cancelled sequences still hold blocks: {s:?}");
+        assert_eq!(
+            s.kv_blocks_used, 0,
+            "cancelled sequences still hold blocks: {s:?}"
+        );
     });
 }

@@ -104,14 +104,16 @@ async fn run(
         completion_tokens: completion,
         cached_tokens: cached,
     };
-    let finish =
-        |reason: FinishReason, u: v1::Usage, stop: Option<String>, stop_id: Option<u32>| v1::Finish {
-            reason: reason as i32,
-            usage: Some(u),
-            matched_stop: stop,
-            matched_stop_token_id: stop_id,
-            error: None,
-        };
+    let finish = |reason: FinishReason,
+                  u: v1::Usage,
+                  stop: Option<String>,
+                  stop_id: Option<u32>| v1::Finish {
+        reason: reason as i32,
+        usage: Some(u),
+        matched_stop: stop,
+        matched_stop_token_id: stop_id,
+        error: None,
+    };
     loop {
         let ev = tokio::select! {
             biased;
@@ -194,7 +196,12 @@ async fn run(
                                 }),
                             )))
                             .await;
-                        let f = finish(FinishReason::Stop, usage(u.completion_tokens, u.cached_tokens), Some(s), None);
+                        let f = finish(
+                            FinishReason::Stop,
+                            usage(u.completion_tokens, u.cached_tokens),
+                            Some(s),
+                            None,
+                        );
                         let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                         return;
                     }
@@ -214,12 +221,18 @@ async fn run(
                     return;
                 }
                 let f = match reason {
-                    EngineFinish::Stop(t) => {
-                        finish(FinishReason::Stop, usage(u.completion_tokens, u.cached_tokens), None, Some(t))
-                    }
-                    EngineFinish::Length => {
-                        finish(FinishReason::Length, usage(u.completion_tokens, u.cached_tokens), None, None)
-                    }
+                    EngineFinish::Stop(t) => finish(
+                        FinishReason::Stop,
+                        usage(u.completion_tokens, u.cached_tokens),
+                        None,
+                        Some(t),
+                    ),
+                    EngineFinish::Length => finish(
+                        FinishReason::Length,
+                        usage(u.completion_tokens, u.cached_tokens),
+                        None,
+                        None,
+                    ),
                 };
                 let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
                 return;
@@ -410,7 +423,10 @@ impl Generation for GenerationService {
         Ok(Response::new(DetokenizeResponse { text }))
     }
 
-    async fn get_stats(&self, request: Request<v1::GetStatsRequest>) -> Result<Response<v1::EngineStats>, Status> {
+    async fn get_stats(
+        &self,
+        request: Request<v1::GetStatsRequest>,
+    ) -> Result<Response<v1::EngineStats>, Status> {
         let model = request::resolve(&self.models, &request.into_inner().model)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EngineStats {

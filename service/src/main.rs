@@ -59,6 +59,32 @@ struct ModelArgs {
     /// Where to run the model.
     #[arg(long, env = "GYRE_DEVICE", value_enum, default_value = "auto")]
     device: Device,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Scheduler and KV-cache settings.
+#[derive(Args)]
+struct EngineArgs {
+    /// Memory for the paged KV cache, in MiB (capped at what --max-running
+    /// sequences of full context need).
+    #[arg(long, env = "GYRE_KV_CACHE_MIB", default_value_t = 1024)]
+    kv_cache_mib: u64,
+    /// Exact number of KV blocks (overrides --kv-cache-mib).
+    #[arg(long, env = "GYRE_NUM_KV_BLOCKS")]
+    num_kv_blocks: Option<usize>,
+    /// Tokens per KV block.
+    #[arg(long, env = "GYRE_BLOCK_SIZE", default_value_t = 16)]
+    block_size: usize,
+    /// Most sequences running at once.
+    #[arg(long, env = "GYRE_MAX_RUNNING", default_value_t = 64)]
+    max_running: usize,
+    /// Most tokens per scheduler step (decodes + prefill chunks).
+    #[arg(long, env = "GYRE_MAX_BATCH_TOKENS", default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// Requests queued beyond this get RESOURCE_EXHAUSTED (HTTP 429).
+    #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
+    max_queue: usize,
 }
 
 #[derive(Args)]
@@ -96,10 +122,16 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
         Device::Cpu => DeviceChoice::Cpu,
         Device::Cuda => DeviceChoice::Cuda,
     };
-    let rt = tokio::task::spawn_blocking(move || {
-        ModelRuntime::load(&args.model, args.served_model_name, device)
-    })
-    .await??;
+    let mut opts = gyre_engine::EngineOptions::new(&args.model);
+    opts.device = device;
+    opts.kv_cache_bytes = args.engine.kv_cache_mib << 20;
+    opts.num_blocks = args.engine.num_kv_blocks;
+    opts.block_size = args.engine.block_size;
+    opts.max_running = args.engine.max_running;
+    opts.token_budget = args.engine.max_batch_tokens;
+    opts.queue_capacity = args.engine.max_queue;
+    let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name))
+        .await??;
     Ok(Arc::new(rt))
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use gyre_engine::{DeviceChoice, Engine, EngineOptions};
+use gyre_engine::{Engine, EngineOptions};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
@@ -79,11 +79,9 @@ pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)
 
 impl ModelRuntime {
     /// Loads tokenizer, template and weights (blocking; seconds to minutes).
-    pub fn load(
-        dir: &Path,
-        served_name: Option<String>,
-        device: DeviceChoice,
-    ) -> anyhow::Result<Self> {
+    pub fn load(opts: EngineOptions, served_name: Option<String>) -> anyhow::Result<Self> {
+        let dir = opts.model_dir.clone();
+        let dir = dir.as_path();
         if !dir.join("config.json").exists() {
             return Err(load_err(
                 dir,
@@ -93,8 +91,6 @@ impl ModelRuntime {
         let (tokenizer, template) = load_text(dir)?;
         tracing::info!(model = %dir.display(), "loading model");
         let started = std::time::Instant::now();
-        let mut opts = EngineOptions::new(dir);
-        opts.device = device;
         let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
         let info = engine.info();
         tracing::info!(
