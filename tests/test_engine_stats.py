@@ -87,3 +87,36 @@ def test_abandoned_streams_leave_no_block_in_use(server):
     else:
         pytest.fail(f"requests still running after the clients left: {s}")
     assert int(s.get("kvBlocksUsed", 0)) == 0, s
+
+
+def test_parallel_choices_over_grpc(server):
+    req = {"tokenIds": {"ids": long_prompt(3, 40)}, "maxTokens": 6, "ignoreEos": True, "n": 3,
+           "sampling": {"temperature": 1.0, "seed": "5"}}
+    events = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", req).ok().messages
+    by_choice: dict[int, list[dict]] = {}
+    for ev in events:
+        by_choice.setdefault(int(ev.get("index", 0)), []).append(ev)
+    assert sorted(by_choice) == [0, 1, 2]
+    texts = []
+    for evs in by_choice.values():
+        finishes = [e for e in evs if "finish" in e]
+        assert len(finishes) == 1 and evs[-1] is finishes[0]
+        assert finishes[0]["finish"]["reason"] == "FINISH_REASON_LENGTH"
+        assert int(finishes[0]["finish"]["usage"]["completionTokens"]) == 6
+        texts.append([t for e in evs if "delta" in e for t in e["delta"].get("tokenIds", [])])
+    assert all(len(t) == 6 for t in texts)
+    assert len({tuple(t) for t in texts}) > 1, "seeded choices should differ"
+    # Choice i is reproducible: the same request gives the same tokens.
+    again = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", req).ok().messages
+    def deltas(evs):
+        return [e["delta"] for e in evs if "delta" in e and int(e.get("index", 0)) == 2]
+    assert deltas(again) == deltas(events)
+
+
+def test_cancel_reaches_every_choice(server):
+    start = {"start": {"requestId": "multi", "tokenIds": {"ids": long_prompt(4, 20)}, "maxTokens": 1500,
+                       "ignoreEos": True, "n": 2}}
+    msgs = harness.buf_curl(server.grpc, "gyre.v1.Generation/Generate",
+                            [start, {"cancel": {"requestId": "multi"}}]).ok().messages
+    finishes = {int(m.get("index", 0)): m["finish"]["reason"] for m in msgs if "finish" in m}
+    assert finishes == {0: "FINISH_REASON_CANCELLED", 1: "FINISH_REASON_CANCELLED"}

@@ -52,6 +52,8 @@ pub enum EngineError {
         requested: u32,
         capacity: u32,
     },
+    #[error("n must be between 1 and {max}, got {n}")]
+    InvalidN { n: u32, max: u32 },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("the engine queue is full")]
@@ -63,6 +65,9 @@ pub enum EngineError {
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }
+
+/// Most choices one request may ask for.
+pub const MAX_N: u32 = 128;
 
 /// Which device to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,9 +198,10 @@ pub enum Event {
 }
 
 pub(crate) enum Command {
+    /// A request with one event channel per choice (n = events.len() >= 1).
     Add {
         req: GenerateRequest,
-        events: mpsc::UnboundedSender<Event>,
+        events: Vec<mpsc::UnboundedSender<Event>>,
     },
 }
 
@@ -257,18 +263,33 @@ impl Engine {
         &self,
         req: GenerateRequest,
     ) -> Result<mpsc::UnboundedReceiver<Event>, EngineError> {
-        self.validate(&req)?;
-        let (events, rx) = mpsc::unbounded_channel();
+        let mut rxs = self.submit_n(req, 1)?;
+        rxs.pop().ok_or(EngineError::Stopped)
+    }
+
+    /// Parallel sampling: `n` choices of one prompt, each with its own event
+    /// stream (choice i samples with seed + i). The prompt is prefilled once;
+    /// the choices share its KV blocks. Dropping a stream cancels that choice.
+    pub fn submit_n(
+        &self,
+        req: GenerateRequest,
+        n: u32,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, EngineError> {
+        if n == 0 || n > MAX_N {
+            return Err(EngineError::InvalidN { n, max: MAX_N });
+        }
+        self.validate(&req, n)?;
+        let (events, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.tx
             .try_send(Command::Add { req, events })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
                 mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
             })?;
-        Ok(rx)
+        Ok(rxs)
     }
 
-    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+    fn validate(&self, req: &GenerateRequest, n: u32) -> Result<(), EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -292,7 +313,7 @@ impl Engine {
                 max: self.info.max_model_len,
             });
         }
-        if prompt + req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
+        if prompt + n as u64 * req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
             return Err(EngineError::ExceedsKvCapacity {
                 prompt: req.prompt.len() as u32,
                 requested: req.max_tokens,

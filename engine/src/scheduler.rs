@@ -115,7 +115,7 @@ impl Scheduler {
         copies: &mut Vec<(BlockId, BlockId)>,
     ) -> bool {
         let first = s.computed / self.block_size;
-        if s.computed % self.block_size != 0
+        if !s.computed.is_multiple_of(self.block_size)
             && let Some(&shared) = s.blocks.get(first)
             && self.alloc.refcount(shared) > 1
         {

@@ -40,6 +40,37 @@ struct Gen {
     sampler: Sampler,
     generated: u32,
     eos: Vec<u32>,
+    /// Further choices (n > 1) to fork off once the prompt is prefilled.
+    forks: Vec<(mpsc::UnboundedSender<Event>, Sampler)>,
+}
+
+/// Hands a sampled token to its sequence. Returns how it ended, if it did
+/// (`None` inside: the client is gone, nothing to report).
+fn take_token(
+    g: &mut Gen,
+    s: &mut SeqState,
+    tok: u32,
+    max_len: usize,
+    stats: &mut EngineStats,
+) -> Option<Option<FinishReason>> {
+    if g.generated == 0 {
+        let cached_tokens = s.cached_tokens as u32;
+        let _ = g.events.send(Event::Prefilled { cached_tokens });
+    }
+    g.generated += 1;
+    stats.generated_tokens_total += 1;
+    if g.events.send(Event::Token(tok)).is_err() {
+        return Some(None);
+    }
+    let stop = (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
+    if stop {
+        Some(Some(FinishReason::Stop(tok)))
+    } else if g.generated >= g.req.max_tokens || s.tokens.len() + 1 >= max_len {
+        Some(Some(FinishReason::Length))
+    } else {
+        s.tokens.push(tok);
+        None
+    }
 }
 
 pub(crate) struct Spawned {
@@ -206,20 +237,33 @@ impl Worker {
 
     fn accept(&mut self, cmd: Command) {
         match cmd {
-            Command::Add { req, events } => {
+            Command::Add { req, mut events } => {
                 let id = self.next_id;
                 self.next_id += 1;
                 let seq =
                     SeqState::new(id, req.priority, req.prompt.clone(), req.cache_salt.clone());
                 self.waiting.push(seq);
+                // Choice i samples with seed + i: choices differ, each reproducible.
+                let sampler_for = |i: u64| {
+                    let mut sampling = req.sampling.clone();
+                    sampling.seed = sampling.seed.map(|x| x.wrapping_add(i));
+                    Sampler::new(sampling)
+                };
+                let first = events.remove(0);
+                let forks = events
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, ev)| (ev, sampler_for(i as u64 + 1)))
+                    .collect();
                 self.gens.insert(
                     id,
                     Gen {
-                        sampler: Sampler::new(req.sampling.clone()),
+                        sampler: sampler_for(0),
                         eos: self.model.cfg.eos_token_ids.clone(),
                         req,
-                        events,
+                        events: first,
                         generated: 0,
+                        forks,
                     },
                 );
             }
@@ -232,7 +276,9 @@ impl Worker {
         let sched = &mut self.sched;
         for list in [&mut self.running, &mut self.waiting] {
             list.retain_mut(|s| {
-                let gone = gens.get(&s.id).is_none_or(|g| g.events.is_closed());
+                let gone = gens.get(&s.id).is_none_or(|g| {
+                    g.events.is_closed() && g.forks.iter().all(|(e, _)| e.is_closed())
+                });
                 if gone {
                     sched.free(s);
                     gens.remove(&s.id);
@@ -300,32 +346,55 @@ impl Worker {
         logits.f_copy_data(&mut flat, numel)?;
         let max_len = self.model.cfg.max_position_embeddings as usize;
         let mut finished = Vec::new();
+        let mut children = Vec::new();
         for (i, id) in sampled.into_iter().enumerate() {
+            let row = &flat[i * vocab..(i + 1) * vocab];
             let s = &mut self.running[pos[&id]];
             let Some(g) = self.gens.get_mut(&id) else {
                 continue;
             };
-            let tok = g.sampler.sample(&flat[i * vocab..(i + 1) * vocab]);
-            if g.generated == 0 {
-                let cached_tokens = s.cached_tokens as u32;
-                let _ = g.events.send(Event::Prefilled { cached_tokens });
+            // Parallel sampling: once the prompt is in the cache, each extra
+            // choice becomes a sequence sharing the prompt's blocks (the
+            // partial last block is copied on its first write).
+            for (events, sampler) in std::mem::take(&mut g.forks) {
+                let cid = self.next_id;
+                self.next_id += 1;
+                for &b in &s.blocks {
+                    self.sched.alloc.retain(b);
+                }
+                let mut cs = SeqState {
+                    id: cid,
+                    priority: s.priority,
+                    tokens: s.tokens.clone(),
+                    computed: s.computed,
+                    blocks: s.blocks.clone(),
+                    hashes: s.hashes.clone(),
+                    salt: s.salt.clone(),
+                    cached_tokens: s.cached_tokens,
+                    admitted_once: true,
+                };
+                let mut cg = Gen {
+                    req: g.req.clone(),
+                    events,
+                    sampler,
+                    generated: 0,
+                    eos: g.eos.clone(),
+                    forks: Vec::new(),
+                };
+                let tok = cg.sampler.sample(row);
+                if let Some(reason) = take_token(&mut cg, &mut cs, tok, max_len, &mut self.stats) {
+                    finished.push((cid, reason));
+                }
+                children.push((cs, cg));
             }
-            g.generated += 1;
-            self.stats.generated_tokens_total += 1;
-            if g.events.send(Event::Token(tok)).is_err() {
-                finished.push((id, None));
-                continue;
+            let tok = g.sampler.sample(row);
+            if let Some(reason) = take_token(g, s, tok, max_len, &mut self.stats) {
+                finished.push((id, reason));
             }
-            let stop =
-                (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
-            let total = s.tokens.len() + 1;
-            if stop {
-                finished.push((id, Some(FinishReason::Stop(tok))));
-            } else if g.generated >= g.req.max_tokens || total >= max_len {
-                finished.push((id, Some(FinishReason::Length)));
-            } else {
-                s.tokens.push(tok);
-            }
+        }
+        for (cs, cg) in children {
+            self.gens.insert(cs.id, cg);
+            self.running.push(cs);
         }
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {

@@ -202,8 +202,7 @@ fn a_request_that_can_never_fit_is_refused_at_admission() {
     let e = engine(|o| o.num_blocks = Some(4));
     let err = e
         .submit(greedy(prompt(1, 60), 10))
-        .err()
-        .expect("70 tokens cannot fit in 64");
+        .expect_err("70 tokens cannot fit in 64");
     assert!(err.to_string().contains("KV cache"), "{err}");
 }
 
@@ -253,4 +252,45 @@ fn cancelled_requests_free_every_block() {
             "cancelled sequences still hold blocks: {s:?}"
         );
     });
+}
+
+#[test]
+fn parallel_choices_share_the_prompt_and_match_single_runs() {
+    // 40 prompt tokens: two full blocks and a partial one that each choice
+    // must copy before writing its own tokens.
+    let mut req = greedy(prompt(77, 40), 12);
+    req.sampling = Sampling {
+        temperature: 1.0,
+        seed: Some(1234),
+        ..Sampling::default()
+    };
+    let e = engine(|_| {});
+    let rt = rt();
+    let choices: Vec<Vec<u32>> = rt.block_on(async {
+        let rxs = e.submit_n(req.clone(), 4).expect("submit");
+        let mut out = vec![];
+        for rx in rxs {
+            out.push(collect(rx).await.tokens);
+        }
+        out
+    });
+    // Choice i is exactly what a single request with seed + i produces.
+    let singles: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = req.clone();
+            r.sampling.seed = Some(1234 + i);
+            r
+        })
+        .collect();
+    assert_eq!(choices, alone(&singles));
+    assert!(
+        choices.iter().any(|c| c != &choices[0]),
+        "seeded choices should differ"
+    );
+    let s = rt.block_on(e.wait_stats(|s| s.running == 0 && s.waiting == 0));
+    assert_eq!(s.kv_blocks_used, 0);
+    assert_eq!(s.generated_tokens_total, 4 * 12);
+    // Only one sequence was admitted with the prompt; the others were forked.
+    assert_eq!(s.prefix_query_tokens_total, 40);
+    assert!(e.submit_n(req, 0).is_err());
 }

@@ -86,6 +86,12 @@ impl ServiceError {
                     Some("max_tokens".into()),
                     e.to_string(),
                 ),
+                E::InvalidN { .. } => (
+                    Code::InvalidArgument,
+                    "INVALID_N",
+                    Some("n".into()),
+                    e.to_string(),
+                ),
                 E::ZeroMaxTokens => (
                     Code::InvalidArgument,
                     "INVALID_MAX_TOKENS",

@@ -17,7 +17,7 @@ use gyre_api::v1::{
     tokenize_request,
 };
 use gyre_engine::{Event, FinishReason as EngineFinish};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -45,22 +45,61 @@ impl GenerationService {
         }
     }
 
+    /// Validates and submits a request; one event receiver per choice.
     async fn prepare(
         &self,
         req: v1::Request,
-    ) -> Result<(Prepared, mpsc::UnboundedReceiver<Event>), ServiceError> {
+    ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
         let models = self.models.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
-        let rx = prepared.model.engine.submit(prepared.engine_req.clone())?;
-        Ok((prepared, rx))
+        let rxs = prepared
+            .model
+            .engine
+            .submit_n(prepared.engine_req.clone(), prepared.n)?;
+        Ok((Arc::new(prepared), rxs))
+    }
+
+    /// Runs every choice of a prepared request in its own task.
+    fn spawn_choices(
+        id: &str,
+        p: Arc<Prepared>,
+        choices: Vec<Choice>,
+        out: &Out,
+        cancel: &watch::Receiver<bool>,
+        mode: Mode,
+    ) {
+        for (index, events) in choices.into_iter().enumerate() {
+            let tag = Tag {
+                id: id.to_string(),
+                index: index as u32,
+            };
+            tokio::spawn(run(
+                tag,
+                p.clone(),
+                events,
+                out.clone(),
+                cancel.clone(),
+                mode,
+            ));
+        }
     }
 }
 
-fn event(id: &str, ev: Ev) -> GenerateResponse {
+/// One choice's engine events.
+type Choice = mpsc::UnboundedReceiver<Event>;
+
+/// Which request and choice an event belongs to.
+struct Tag {
+    id: String,
+    index: u32,
+}
+
+fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
     GenerateResponse {
-        request_id: id.to_string(),
+        request_id: tag.id.clone(),
+        index: tag.index,
         event: Some(ev),
     }
 }
@@ -86,13 +125,14 @@ enum Mode {
 /// Drives one request to its end. Returns when it finished, was cancelled,
 /// or the client went away.
 async fn run(
-    id: String,
-    p: Prepared,
-    mut events: mpsc::UnboundedReceiver<Event>,
+    tag: Tag,
+    p: Arc<Prepared>,
+    mut events: Choice,
     out: Out,
-    mut cancel: oneshot::Receiver<()>,
+    mut cancel: watch::Receiver<bool>,
     mode: Mode,
 ) {
+    let id = &tag.id;
     let tok = p.model.tokenizer.clone();
     let mut detok = IncrementalDecoder::new(p.skip_special);
     let mut stops = StopMatcher::new(p.stop.clone());
@@ -117,9 +157,9 @@ async fn run(
     loop {
         let ev = tokio::select! {
             biased;
-            _ = &mut cancel => {
+            _ = cancelled(&mut cancel) => {
                 let f = finish(FinishReason::Cancelled, usage(generated, cached), None, None);
-                let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                 return;
             }
             // The client went away: returning drops `events`, which cancels
@@ -145,7 +185,7 @@ async fn run(
                     Ok(s) => s,
                     Err(e) => {
                         fail(
-                            &id,
+                            &tag,
                             &out,
                             mode,
                             ServiceError::Internal(format!("detokenize: {e}")),
@@ -156,7 +196,7 @@ async fn run(
                 };
                 match stops.push(&piece) {
                     StopOutcome::Continue(text) => event(
-                        &id,
+                        &tag,
                         Ev::Delta(v1::Delta {
                             text,
                             token_ids: vec![t],
@@ -165,7 +205,7 @@ async fn run(
                     StopOutcome::Stopped(text, s) => {
                         if out
                             .send(Ok(event(
-                                &id,
+                                &tag,
                                 Ev::Delta(v1::Delta {
                                     text,
                                     token_ids: vec![t],
@@ -177,7 +217,7 @@ async fn run(
                             return;
                         }
                         let f = finish(FinishReason::Stop, usage(generated, cached), Some(s), None);
-                        let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                        let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                         return;
                     }
                 }
@@ -189,7 +229,7 @@ async fn run(
                     StopOutcome::Stopped(t, s) => {
                         let _ = out
                             .send(Ok(event(
-                                &id,
+                                &tag,
                                 Ev::Delta(v1::Delta {
                                     text: t,
                                     token_ids: vec![],
@@ -202,14 +242,14 @@ async fn run(
                             Some(s),
                             None,
                         );
-                        let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                        let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                         return;
                     }
                 }
                 if !tail.is_empty()
                     && out
                         .send(Ok(event(
-                            &id,
+                            &tag,
                             Ev::Delta(v1::Delta {
                                 text: tail,
                                 token_ids: vec![],
@@ -234,16 +274,16 @@ async fn run(
                         None,
                     ),
                 };
-                let _ = out.send(Ok(event(&id, Ev::Finish(f)))).await;
+                let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                 return;
             }
             Some(Event::Failed(e)) => {
-                fail(&id, &out, mode, ServiceError::Engine(e)).await;
+                fail(&tag, &out, mode, ServiceError::Engine(e)).await;
                 return;
             }
             None => {
                 fail(
-                    &id,
+                    &tag,
                     &out,
                     mode,
                     ServiceError::Internal("engine dropped the request".into()),
@@ -259,11 +299,17 @@ async fn run(
     }
 }
 
+/// Resolves when the request's cancel switch is set (or its owner is gone).
+async fn cancelled(switch: &mut watch::Receiver<bool>) {
+    let _ = switch.wait_for(|c| *c).await;
+}
+
 fn is_eos(p: &Prepared, t: u32) -> bool {
     !p.engine_req.ignore_eos && p.model.engine.info().eos_token_ids.contains(&t)
 }
 
-async fn fail(id: &str, out: &Out, mode: Mode, e: ServiceError) {
+async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {
+    let id = &tag.id;
     let _ = match mode {
         Mode::Single => out.send(Err(e.into())).await,
         Mode::Multiplexed => {
@@ -277,7 +323,7 @@ async fn fail(id: &str, out: &Out, mode: Mode, e: ServiceError) {
                 matched_stop_token_id: None,
                 error: Some(request_error(&e)),
             };
-            out.send(Ok(event(id, Ev::Finish(f)))).await
+            out.send(Ok(event(tag, Ev::Finish(f)))).await
         }
     };
 }
@@ -295,16 +341,17 @@ impl Generation for GenerationService {
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let svc = self.clone();
         tokio::spawn(async move {
-            let mut running: HashMap<String, oneshot::Sender<()>> = HashMap::new();
+            // Cancel switch of each running request (shared by its choices).
+            let mut running: HashMap<String, watch::Sender<bool>> = HashMap::new();
             loop {
                 let msg = match inbound.message().await {
                     Ok(Some(m)) => m,
                     // Half-close: started requests run to their end.
                     Ok(None) => break,
-                    // The client is gone: dropping the cancel senders stops everything.
+                    // The client is gone: cancel everything.
                     Err(_) => {
                         for (_, c) in running.drain() {
-                            let _ = c.send(());
+                            c.send_replace(true);
                         }
                         break;
                     }
@@ -312,41 +359,47 @@ impl Generation for GenerationService {
                 running.retain(|_, c| !c.is_closed());
                 match msg.action {
                     Some(Action::Start(req)) => {
-                        let id = req.request_id.clone();
-                        if id.is_empty() || running.contains_key(&id) {
+                        let tag = Tag {
+                            id: req.request_id.clone(),
+                            index: 0,
+                        };
+                        if tag.id.is_empty() || running.contains_key(&tag.id) {
                             let e = ServiceError::invalid(
                                 "start.request_id",
                                 "INVALID_REQUEST_ID",
                                 "request_id must be non-empty and unique among running requests",
                             );
-                            fail(&id, &out, Mode::Multiplexed, e).await;
+                            fail(&tag, &out, Mode::Multiplexed, e).await;
                             continue;
                         }
-                        let (ctx, crx) = oneshot::channel();
-                        running.insert(id.clone(), ctx);
+                        let (ctx, crx) = watch::channel(false);
+                        running.insert(tag.id.clone(), ctx);
                         let (svc, out) = (svc.clone(), out.clone());
                         tokio::spawn(async move {
                             match svc.prepare(req).await {
-                                Ok((p, events)) => {
-                                    run(id, p, events, out, crx, Mode::Multiplexed).await
+                                Ok((p, choices)) => {
+                                    let mode = Mode::Multiplexed;
+                                    GenerationService::spawn_choices(
+                                        &tag.id, p, choices, &out, &crx, mode,
+                                    )
                                 }
-                                Err(e) => fail(&id, &out, Mode::Multiplexed, e).await,
+                                Err(e) => fail(&tag, &out, Mode::Multiplexed, e).await,
                             }
                         });
                     }
                     Some(Action::Cancel(Cancel { request_id })) => {
                         if let Some(c) = running.remove(&request_id) {
-                            let _ = c.send(());
+                            c.send_replace(true);
                         }
                     }
                     None => {}
                 }
             }
             // The response stream ends when the last request task drops its
-            // sender; cancel handles stay alive until then (dropping one
-            // would cancel its request).
+            // sender; cancel switches stay alive until their requests end
+            // (dropping one would cancel its request).
             drop(out);
-            for (_, mut c) in running {
+            for (_, c) in running {
                 c.closed().await;
             }
         });
@@ -362,14 +415,14 @@ impl Generation for GenerationService {
             req.request_id = format!("req-{:016x}", rand_id());
         }
         let id = req.request_id.clone();
-        let (p, events) = self.prepare(req).await?;
+        let (p, choices) = self.prepare(req).await?;
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
-        let (cancel_tx, cancel_rx) = oneshot::channel();
-        tokio::spawn(async move {
-            // Held for the request's life; a client that leaves is noticed by a failed send.
-            let _cancel = cancel_tx;
-            run(id, p, events, out, cancel_rx, Mode::Single).await;
-        });
+        let (cancel_tx, cancel_rx) = watch::channel(false);
+        GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single);
+        // Nothing cancels a single-request stream but the client leaving
+        // (noticed by each choice through its output channel); keep the
+        // switch alive until every choice is done.
+        tokio::spawn(async move { cancel_tx.closed().await });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

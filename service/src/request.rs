@@ -19,6 +19,8 @@ pub struct Prepared {
     pub engine_req: GenerateRequest,
     pub stop: Vec<String>,
     pub skip_special: bool,
+    /// Choices to generate.
+    pub n: u32,
 }
 
 /// The model a request names; empty means the first one.
@@ -171,5 +173,6 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         engine_req,
         stop: req.stop.clone(),
         skip_special: req.skip_special_tokens.unwrap_or(true),
+        n: req.n.unwrap_or(1),
     })
 }

@@ -175,6 +175,7 @@ fn common_to_proto(
         ignore_eos: common.ignore_eos.unwrap_or(false),
         skip_special_tokens: common.skip_special_tokens,
         priority: common.priority.map(i32::saturating_neg),
+        n: None,
         cache_salt: common.cache_salt,
     };
     Ok((request, mode))

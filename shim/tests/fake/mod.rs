@@ -68,6 +68,7 @@ pub async fn start() -> FakeServer {
 
 fn delta(id: &str, text: &str) -> Result<pb::GenerateResponse, Status> {
     Ok(pb::GenerateResponse {
+        index: 0,
         request_id: id.to_owned(),
         event: Some(Event::Delta(pb::Delta {
             text: text.to_owned(),
@@ -82,6 +83,7 @@ fn finish(
     error: Option<pb::RequestError>,
 ) -> Result<pb::GenerateResponse, Status> {
     Ok(pb::GenerateResponse {
+        index: 0,
         request_id: id.to_owned(),
         event: Some(Event::Finish(pb::Finish {
             reason: reason as i32,
