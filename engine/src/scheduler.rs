@@ -3,9 +3,10 @@
 //! their KV blocks (allocation, prefix reuse, copy-on-write, preemption).
 //! It never touches tensors: the worker executes its plan.
 //!
-//! Order: running sequences first (highest priority, then oldest), each one
-//! decode token or its next prefill chunk; then waiting requests are admitted
-//! in the same order while budget and blocks last. When blocks run out, the
+//! Order: running sequences first — decodes (one token each), then prefill
+//! chunks, each group by priority, then age — so a long prompt being
+//! prefilled never stalls streams already generating; then waiting requests
+//! are admitted by priority and age while budget and blocks last. When blocks run out, the
 //! lowest-priority, newest running sequence is preempted: its blocks are
 //! released and it waits again, to be resumed by recomputing its tokens
 //! (cheaply, when its full blocks are still in the prefix cache).
@@ -178,14 +179,16 @@ impl Scheduler {
     pub fn schedule(&mut self, running: &mut Vec<SeqState>, waiting: &mut Vec<SeqState>) -> Plan {
         let mut plan = Plan::default();
         let mut budget = self.token_budget;
-        running.sort_by_key(order_key);
+        // Decodes (one token each) first, so a long prompt being prefilled in
+        // chunks never stalls the streams already generating; then prefill
+        // chunks. Within each, by priority then age.
+        running.sort_by_key(|s| (s.tokens.len() - s.computed > 1, order_key(s)));
         let mut i = 0;
         while i < running.len() && budget > 0 {
             let need = running[i].tokens.len() - running[i].computed;
             let n = need.min(budget);
             loop {
-                let (head, tail) = running.split_at_mut(i + 1);
-                let s = &mut head[i];
+                let s = &mut running[i];
                 let upto = s.computed + n;
                 if self.ensure_blocks(s, upto, &mut plan.copies) {
                     plan.runs.push((s.id, n));
@@ -193,13 +196,11 @@ impl Scheduler {
                     i += 1;
                     break;
                 }
-                // Out of blocks: preempt the last (lowest, newest) sequence,
-                // which is this one when nothing ranks below it.
-                let victim = if tail.is_empty() {
-                    i
-                } else {
-                    running.len() - 1
-                };
+                // Out of blocks: preempt the lowest-priority, newest sequence
+                // not yet planned, which is this one when none ranks below it.
+                let victim = (i..running.len())
+                    .max_by_key(|&j| order_key(&running[j]))
+                    .unwrap_or(i);
                 let mut v = running.remove(victim);
                 self.free(&mut v);
                 self.stats.preemptions += 1;
@@ -284,6 +285,20 @@ mod tests {
         execute(&mut s, &mut run, &p);
         let p = s.schedule(&mut run, &mut wait);
         assert_eq!(p.runs, vec![(1, 1), (2, 1)], "both decode");
+    }
+
+    #[test]
+    fn decodes_go_before_an_older_prefill() {
+        let mut s = Scheduler::new(64, 4, 8, 6);
+        let (mut run, mut wait) = (vec![], vec![seq(1, 0, 2)]);
+        let p = s.schedule(&mut run, &mut wait);
+        execute(&mut s, &mut run, &p);
+        // An older sequence mid-prefill (id 0) and a decoding one (id 1).
+        let mut old = seq(0, 0, 30);
+        old.admitted_once = true;
+        run.push(old);
+        let p = s.schedule(&mut run, &mut wait);
+        assert_eq!(p.runs, vec![(1, 1), (0, 5)]);
     }
 
     #[test]
