@@ -82,7 +82,12 @@ pub async fn serve_grpc(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(generation)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        // Streamed events are small writes: without TCP_NODELAY, Nagle's
+        // algorithm holds them behind the client's delayed ACK (~40 ms).
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await?;
     Ok(())
 }
