@@ -17,11 +17,12 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv node models clients build serve test test-rust test-e2e lint
+.PHONY: help setup venv node models clients build serve test test-rust test-e2e lint bench
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
 	@echo "make test    # set up, build, and run every test"
+	@echo "make bench   # benchmark against transformers (prints a table, writes .gyre/bench/results.json)"
 
 setup: venv node models clients
 
@@ -59,6 +60,11 @@ test-e2e: setup build
 	  $(PY) -m pytest -q tests
 
 test: setup build test-rust test-e2e
+
+# Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random
+# Llama, side by side in one run; ARGS=--quick for a smoke run.
+bench: venv build
+	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
 
 lint: setup
 	$(CARGO) fmt --all --check

@@ -20,19 +20,16 @@ use crate::blocks::BlockId;
 use crate::config::ModelConfig;
 use crate::kv::KvPool;
 
+/// One decoder layer. The q, k and v projections are stacked into one
+/// weight (and gate with up), so each runs as one wider GEMM.
 struct Layer {
     input_norm: Tensor,
     post_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
     o: Tensor,
-    q_bias: Option<Tensor>,
-    k_bias: Option<Tensor>,
-    v_bias: Option<Tensor>,
     o_bias: Option<Tensor>,
-    gate: Tensor,
-    up: Tensor,
+    gate_up: Tensor,
     down: Tensor,
 }
 
@@ -45,6 +42,9 @@ pub struct Llama {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Tensor,
+    /// On CPU, the LM head transposed to a contiguous [hidden, vocab]: MKL's
+    /// GEMM is 1.5-2x faster on this layout for the wide vocab projection.
+    lm_head_t: Option<Tensor>,
     /// RoPE tables [max_positions, head_dim], float32.
     cos: Tensor,
     sin: Tensor,
@@ -124,19 +124,33 @@ impl Llama {
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}.");
             let a = format!("{p}self_attn.");
+            let qkv = [
+                w.take(&format!("{a}q_proj.weight"))?,
+                w.take(&format!("{a}k_proj.weight"))?,
+                w.take(&format!("{a}v_proj.weight"))?,
+            ];
+            let qkv_bias = if cfg.qkv_bias {
+                let b = [
+                    w.take(&format!("{a}q_proj.bias"))?,
+                    w.take(&format!("{a}k_proj.bias"))?,
+                    w.take(&format!("{a}v_proj.bias"))?,
+                ];
+                Some(Tensor::f_cat(&b, 0)?)
+            } else {
+                None
+            };
+            let gate_up = [
+                w.take(&format!("{p}mlp.gate_proj.weight"))?,
+                w.take(&format!("{p}mlp.up_proj.weight"))?,
+            ];
             layers.push(Layer {
                 input_norm: w.take(&format!("{p}input_layernorm.weight"))?,
                 post_norm: w.take(&format!("{p}post_attention_layernorm.weight"))?,
-                q: w.take(&format!("{a}q_proj.weight"))?,
-                k: w.take(&format!("{a}k_proj.weight"))?,
-                v: w.take(&format!("{a}v_proj.weight"))?,
+                qkv: Tensor::f_cat(&qkv, 0)?,
+                qkv_bias,
                 o: w.take(&format!("{a}o_proj.weight"))?,
-                q_bias: w.maybe(&format!("{a}q_proj.bias"), cfg.qkv_bias)?,
-                k_bias: w.maybe(&format!("{a}k_proj.bias"), cfg.qkv_bias)?,
-                v_bias: w.maybe(&format!("{a}v_proj.bias"), cfg.qkv_bias)?,
                 o_bias: w.maybe(&format!("{a}o_proj.bias"), cfg.o_bias)?,
-                gate: w.take(&format!("{p}mlp.gate_proj.weight"))?,
-                up: w.take(&format!("{p}mlp.up_proj.weight"))?,
+                gate_up: Tensor::f_cat(&gate_up, 0)?,
                 down: w.take(&format!("{p}mlp.down_proj.weight"))?,
             });
             tracing::debug!(layer = i, "layer loaded");
@@ -147,6 +161,10 @@ impl Llama {
             embed.shallow_clone()
         } else {
             w.take("lm_head.weight")?
+        };
+        let lm_head_t = match device {
+            Device::Cpu => Some(lm_head.f_transpose(0, 1)?.f_contiguous()?),
+            _ => None,
         };
         let (cos, sin) = rope_tables(&cfg, device)?;
         tracing::info!(
@@ -166,6 +184,7 @@ impl Llama {
             layers,
             norm,
             lm_head,
+            lm_head_t,
             cos,
             sin,
         })
@@ -206,12 +225,18 @@ impl Llama {
         for (li, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", li).entered();
             let h = rms_norm(&x, &l.input_norm, cfg.rms_norm_eps)?;
-            let q = h.f_linear(&l.q, l.q_bias.as_ref())?.f_view([n, nh, hd])?;
-            let k = h.f_linear(&l.k, l.k_bias.as_ref())?.f_view([n, nkv, hd])?;
-            let v = h.f_linear(&l.v, l.v_bias.as_ref())?.f_view([n, nkv, hd])?;
+            let qkv = h.f_linear(&l.qkv, l.qkv_bias.as_ref())?;
+            let q = qkv.f_narrow(1, 0, nh * hd)?.f_view([n, nh, hd])?;
+            let k = qkv.f_narrow(1, nh * hd, nkv * hd)?.f_view([n, nkv, hd])?;
+            let v = qkv
+                .f_narrow(1, (nh + nkv) * hd, nkv * hd)?
+                .f_view([n, nkv, hd])?;
             let q = apply_rope(&q, &cos, &sin)?;
             let k = apply_rope(&k, &cos, &sin)?;
             pool.write(li, &new_slots, &k, &v)?;
+            // Attention runs per sequence, over exactly its own positions: a
+            // sequence's result never depends on what it is batched with
+            // (padded batched attention changes reduction order and rounding).
             let mut outs = Vec::with_capacity(seqs.len());
             let mut off = 0i64;
             for (s, slots) in seqs.iter().zip(&seq_slots) {
@@ -222,8 +247,10 @@ impl Llama {
             let attn = Tensor::f_cat(&outs, 0)?.f_view([n, nh * hd])?;
             x = x.f_add(&attn.f_linear(&l.o, l.o_bias.as_ref())?)?;
             let h = rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
-            let g = h.f_linear::<Tensor>(&l.gate, None)?.f_silu()?;
-            let u = h.f_linear::<Tensor>(&l.up, None)?;
+            let gu = h.f_linear::<Tensor>(&l.gate_up, None)?;
+            let inter = cfg.intermediate_size;
+            let g = gu.f_narrow(1, 0, inter)?.f_silu()?;
+            let u = gu.f_narrow(1, inter, inter)?;
             x = x.f_add(&g.f_mul(&u)?.f_linear::<Tensor>(&l.down, None)?)?;
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
@@ -231,9 +258,11 @@ impl Llama {
 
     /// Logits (float32) for the given hidden-state rows [B, hidden] -> [B, vocab].
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
-        Ok(hidden
-            .f_linear::<Tensor>(&self.lm_head, None)?
-            .f_to_kind(Kind::Float)?)
+        let logits = match &self.lm_head_t {
+            Some(wt) => hidden.f_matmul(wt)?,
+            None => hidden.f_linear::<Tensor>(&self.lm_head, None)?,
+        };
+        Ok(logits.f_to_kind(Kind::Float)?)
     }
 
     /// Full logits [T, vocab] of a prompt run from scratch in a private

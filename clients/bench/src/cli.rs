@@ -1,0 +1,176 @@
+//! Command line: `gyre-bench run` (the whole comparison against
+//! transformers) and `gyre-bench load` (the load generator alone, against a
+//! running server). Every option also reads an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::load::Api;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gyre-bench",
+    version,
+    about = "Benchmarks gyre's gRPC and OpenAI HTTP APIs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Threads of the benchmark client's own runtime (1 keeps it off the
+    /// cores the server needs).
+    #[arg(
+        long,
+        env = "GYRE_BENCH_CLIENT_THREADS",
+        default_value_t = 1,
+        global = true
+    )]
+    pub client_threads: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
+    /// transformers, print a table and write JSON.
+    Run(RunArgs),
+    /// Drive a running server with N concurrent streams or Poisson arrivals
+    /// and report TTFT, ITL and output tok/s per API.
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// HuggingFace model directory. Default: .gyre/bench/llama-64m (with
+    /// --quick .gyre/bench/llama-quick), built by make_bench_model.py when
+    /// missing or stale.
+    #[arg(long, env = "GYRE_BENCH_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute threads of both gyre (OMP_NUM_THREADS) and transformers
+    /// (torch.set_num_threads). Default: the machine's cores.
+    #[arg(long, env = "GYRE_BENCH_THREADS")]
+    pub threads: Option<usize>,
+    /// Device of both (gyre --device; transformers: cuda bf16 / cpu f32).
+    #[arg(long, env = "GYRE_BENCH_DEVICE", default_value = "auto")]
+    pub device: String,
+    /// Scenarios to run, e.g. S1,S3 (default: all).
+    #[arg(long, env = "GYRE_BENCH_ONLY", value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Where to write the JSON results.
+    #[arg(
+        long,
+        env = "GYRE_BENCH_JSON_OUT",
+        default_value = "bench-results.json"
+    )]
+    pub json_out: PathBuf,
+    /// Smaller model (~9 M parameters) and shorter loads, for smoke tests.
+    #[arg(long, env = "GYRE_BENCH_QUICK")]
+    pub quick: bool,
+    /// Skip transformers; report gyre's figures only.
+    #[arg(long, env = "GYRE_BENCH_NO_REFERENCE")]
+    pub no_reference: bool,
+    /// The gyre binary. Default: `gyre` beside this binary, else on PATH.
+    #[arg(long, env = "GYRE_BIN")]
+    pub gyre_bin: Option<PathBuf>,
+    /// Extra argument for `gyre serve` (repeatable).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Benchmark a server that is already running at this gRPC URL (with
+    /// --http-addr) instead of starting one. --model must be the directory
+    /// it serves.
+    #[arg(long, env = "GYRE_BENCH_GRPC_URL", requires = "http_addr")]
+    pub grpc_url: Option<String>,
+    /// The OpenAI HTTP address of that server.
+    #[arg(long, env = "GYRE_BENCH_HTTP_ADDR", requires = "grpc_url")]
+    pub http_addr: Option<SocketAddr>,
+    /// Python with torch and transformers. Default: .venv/bin/python, else
+    /// ~/.cache/gyre/venv/bin/python, else python3.
+    #[arg(long, env = "GYRE_BENCH_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Directory of hf_reference.py and make_bench_model.py. Default:
+    /// clients/bench, else this crate's source directory.
+    #[arg(long, env = "GYRE_BENCH_SCRIPTS")]
+    pub scripts_dir: Option<PathBuf>,
+    /// Seed of the random prompts.
+    #[arg(long, env = "GYRE_BENCH_SEED", default_value_t = 0)]
+    pub seed: u64,
+    /// Prompt length of S1, S2 and S4 (tokens).
+    #[arg(long)]
+    pub prompt_len: Option<usize>,
+    /// Output length of S1 and S2 (tokens).
+    #[arg(long)]
+    pub output_len: Option<u32>,
+    /// Concurrent streams of S2 (= transformers batch size).
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// Shared prefix length of S3 (tokens).
+    #[arg(long)]
+    pub prefix_len: Option<usize>,
+    /// gRPC streams of the S5 storm.
+    #[arg(long)]
+    pub storm: Option<usize>,
+    /// Timed transformers runs per reference figure (median).
+    #[arg(long)]
+    pub hf_repeats: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// gRPC URL of the server, e.g. http://127.0.0.1:50051.
+    #[arg(
+        long,
+        env = "GYRE_BENCH_GRPC_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub grpc_url: String,
+    /// OpenAI HTTP address, e.g. 127.0.0.1:8000 (needed for --api http).
+    #[arg(long, env = "GYRE_BENCH_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// APIs to drive, one after the other: grpc, http or both.
+    #[arg(long, value_delimiter = ',', default_value = "grpc")]
+    pub api: Vec<Api>,
+    /// Model id; default the server's first model (from ListModels). With
+    /// it and `--api http` alone, no gRPC connection is made.
+    #[arg(long, env = "GYRE_BENCH_MODEL_ID")]
+    pub model_id: Option<String>,
+    /// Vocabulary size for random prompts when gRPC is not used (ids are
+    /// drawn from 300 to this minus 300).
+    #[arg(long, default_value_t = 32000)]
+    pub vocab_size: u32,
+    /// Concurrent streams (closed loop); ignored with --rate.
+    #[arg(long, default_value_t = 8)]
+    pub streams: usize,
+    /// Requests each stream sends in a row.
+    #[arg(long, default_value_t = 1)]
+    pub per_stream: usize,
+    /// Poisson arrivals at this many requests per second (open loop).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Number of Poisson arrivals.
+    #[arg(long, default_value_t = 32)]
+    pub requests: usize,
+    /// Send Poisson arrivals for this many seconds instead of --requests.
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Prompt of random token ids of this length.
+    #[arg(long, default_value_t = 32)]
+    pub prompt_len: usize,
+    /// A text prompt instead of random token ids.
+    #[arg(long)]
+    pub prompt_text: Option<String>,
+    /// Tokens generated per request (EOS ignored, greedy).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: u32,
+    /// Drop each stream after this many output events.
+    #[arg(long)]
+    pub cancel_after: Option<u32>,
+    /// gRPC connections (HTTP/2) the requests share.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// Seed of prompts and arrivals.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the summaries (and every request's record) as JSON here.
+    #[arg(long)]
+    pub json_out: Option<PathBuf>,
+}

@@ -1,0 +1,231 @@
+//! The comparison scenarios of `gyre-bench run` and what they share.
+//!
+//! | id | compares | target |
+//! |---|---|---|
+//! | S1 | gyre 1 gRPC stream vs transformers `generate` batch 1, output tok/s | ratio >= 1.0 |
+//! | S2 | gyre 16 HTTP streams vs transformers static batch of 16, output tok/s | ratio >= 1.5 |
+//! | S3 | TTFT with a cached 1,500-token prefix vs an uncached one | ratio <= 0.2 |
+//! | S4 | the same load through HTTP vs straight gRPC: added latency per token | <= 50 µs |
+//! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
+//!
+//! Each scenario returns its table rows and a JSON object of details; one
+//! that fails is reported as failed and the others still run.
+
+mod cancel;
+mod overhead;
+mod prefix;
+mod throughput;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::load::{self, Api, Arrival, Clients, Prompt, RequestSpec};
+use crate::reference::Python;
+use crate::report::{Row, ScenarioResult};
+use crate::stats::Record;
+
+/// Every scenario id, in run order.
+pub const ALL: [&str; 5] = ["S1", "S2", "S3", "S4", "S5"];
+
+/// Sizes of the scenarios' loads.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sizes {
+    /// S1/S2/S4 prompt length in tokens.
+    pub prompt_len: usize,
+    /// S1/S2 output length in tokens.
+    pub output_len: u32,
+    /// S1 sequential gyre requests (the median counts).
+    pub s1_repeats: usize,
+    /// S2 concurrent HTTP streams = transformers batch size, and rounds
+    /// (the median counts).
+    pub s2_streams: usize,
+    pub s2_rounds: usize,
+    /// S3 shared prefix length, suffix length, output length, repetitions.
+    pub s3_prefix: usize,
+    pub s3_suffix: usize,
+    pub s3_output: u32,
+    pub s3_repeats: usize,
+    /// S4 concurrent streams per run, output length, alternating rounds.
+    pub s4_streams: usize,
+    pub s4_output: u32,
+    pub s4_rounds: usize,
+    /// S5 gRPC and HTTP streams of the storm, prompt length, cancel point.
+    pub s5_grpc: usize,
+    pub s5_http: usize,
+    pub s5_prompt: usize,
+    pub s5_cancel_after: u32,
+    /// Timed transformers runs after its warm-up (the median counts).
+    pub hf_repeats: usize,
+}
+
+impl Sizes {
+    pub fn full() -> Self {
+        Self {
+            prompt_len: 32,
+            output_len: 128,
+            s1_repeats: 3,
+            s2_streams: 16,
+            s2_rounds: 2,
+            s3_prefix: 1500,
+            s3_suffix: 16,
+            s3_output: 4,
+            s3_repeats: 3,
+            s4_streams: 8,
+            s4_output: 64,
+            s4_rounds: 3,
+            s5_grpc: 200,
+            s5_http: 40,
+            s5_prompt: 16,
+            s5_cancel_after: 3,
+            hf_repeats: 3,
+        }
+    }
+
+    pub fn quick() -> Self {
+        Self {
+            output_len: 32,
+            s1_repeats: 2,
+            s3_repeats: 2,
+            s4_output: 32,
+            s2_rounds: 1,
+            s4_rounds: 1,
+            s5_grpc: 60,
+            s5_http: 12,
+            hf_repeats: 1,
+            ..Self::full()
+        }
+    }
+}
+
+/// What the scenarios run against.
+pub struct Ctx {
+    pub clients: Clients,
+    pub python: Python,
+    pub model_dir: PathBuf,
+    pub vocab_size: u32,
+    pub threads: usize,
+    pub device: String,
+    /// Directory for spec files.
+    pub scratch: PathBuf,
+    pub sizes: Sizes,
+    pub seed: u64,
+    /// Skip transformers (rows show gyre only).
+    pub no_reference: bool,
+}
+
+impl Ctx {
+    /// `n` distinct random prompts of `len` ordinary token ids, from `salt`
+    /// and the run's seed.
+    pub fn prompts(&self, n: usize, len: usize, salt: u64) -> Vec<Vec<u32>> {
+        let hi = self.vocab_size.saturating_sub(300).max(301);
+        let seed = self.seed.wrapping_mul(1_000_003).wrapping_add(salt);
+        load::random_prompts(n, len, 300..hi, seed)
+    }
+
+    /// One spec per prompt, `max_tokens` each.
+    pub fn specs(&self, prompts: &[Vec<u32>], max_tokens: u32) -> Vec<RequestSpec> {
+        prompts
+            .iter()
+            .map(|p| RequestSpec::new(Prompt::Ids(p.clone()), max_tokens))
+            .collect()
+    }
+
+    /// Runs `specs` as `streams` concurrent streams (one request each, or
+    /// `per_stream` in a row) over `api`.
+    pub async fn load(
+        &self,
+        api: Api,
+        streams: usize,
+        per_stream: usize,
+        specs: &[RequestSpec],
+    ) -> Vec<Record> {
+        let arrival = Arrival::Concurrent {
+            streams,
+            per_stream,
+        };
+        load::run(&self.clients, api, &arrival, specs, Instant::now()).await
+    }
+
+    /// A short request on each API, so first-use costs are not measured.
+    pub async fn warm_up(&self, salt: u64) {
+        let specs = self.specs(&self.prompts(1, 8, salt), 4);
+        self.load(Api::Grpc, 1, 1, &specs).await;
+        self.load(Api::Http, 1, 1, &specs).await;
+    }
+}
+
+/// A scenario's rows and details.
+pub type Outcome = anyhow::Result<(Vec<Row>, Value)>;
+
+/// Pays the server's first-use costs (a long prompt, a full batch, both
+/// APIs) before anything is measured; salted so nothing is reused later.
+pub async fn warm_up_server(ctx: &Ctx) {
+    let sz = &ctx.sizes;
+    let long = ctx.prompts(1, sz.s3_prefix + sz.s3_suffix, 1);
+    let mut specs = ctx.specs(&long, 4);
+    specs[0].cache_salt = Some(format!("warm-up-{}", ctx.seed));
+    ctx.load(Api::Grpc, 1, 1, &specs).await;
+    let batch = ctx.specs(&ctx.prompts(sz.s2_streams, sz.prompt_len, 2), 8);
+    ctx.load(Api::Http, batch.len(), 1, &batch).await;
+    ctx.load(Api::Grpc, batch.len(), 1, &batch).await;
+}
+
+/// Runs the scenarios in `only` (all when empty), in the order of [`ALL`].
+pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
+    eprintln!("gyre-bench: warming the server up ...");
+    warm_up_server(ctx).await;
+    let mut results = Vec::new();
+    for id in ALL {
+        if !only.is_empty() && !only.iter().any(|o| o.eq_ignore_ascii_case(id)) {
+            continue;
+        }
+        let (title, started) = (title(id), Instant::now());
+        eprintln!("gyre-bench: {id}: {title} ...");
+        let outcome = match id {
+            "S1" => throughput::s1(ctx).await,
+            "S2" => throughput::s2(ctx).await,
+            "S3" => prefix::s3(ctx).await,
+            "S4" => overhead::s4(ctx).await,
+            _ => cancel::s5(ctx).await,
+        }
+        .map_err(|e| format!("{e:#}"));
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("gyre-bench: {id} done in {seconds:.1} s");
+        let (rows, details, error) = match outcome {
+            Ok((rows, details)) => (rows, details, None),
+            Err(e) => {
+                eprintln!("gyre-bench: {id} failed: {e}");
+                (Vec::new(), Value::Null, Some(e))
+            }
+        };
+        results.push(ScenarioResult {
+            id: id.to_owned(),
+            title: title.to_owned(),
+            rows,
+            details,
+            error,
+            seconds,
+        });
+    }
+    results
+}
+
+/// The one-line description of scenario `id`.
+pub fn title(id: &str) -> &'static str {
+    match id {
+        "S1" => "batch 1: gyre gRPC stream vs transformers generate",
+        "S2" => "concurrency: gyre HTTP streams vs transformers static batch",
+        "S3" => "prefix cache: TTFT with a cached long prefix vs an uncached one",
+        "S4" => "HTTP shim overhead: the same load through HTTP vs gRPC",
+        "S5" => "cancellation storm: KV blocks released",
+        _ => "?",
+    }
+}
+
+/// Median of `values` (0 when empty).
+pub fn median(values: &[f64]) -> f64 {
+    crate::stats::Dist::of(values.to_vec()).p50
+}

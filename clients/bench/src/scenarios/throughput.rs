@@ -1,0 +1,163 @@
+//! S1 and S2: output tokens per second of gyre against transformers'
+//! `generate` on the same model, prompts and output lengths.
+//!
+//! S1: one gRPC stream at a time (`s1_repeats` requests in a row, each a new
+//! prompt with a fresh cache salt so no prefix is reused; the median counts)
+//! vs `generate` at batch 1. A request's figure is tokens / (send to
+//! finish), prefill included, as transformers' is.
+//!
+//! S2: `s2_streams` concurrent HTTP streams (HTTP -> shim -> gRPC -> engine)
+//! with distinct prompts, total tokens / wall time (median of `s2_rounds`
+//! rounds), vs `generate` on a static batch of the same prompts.
+
+use serde_json::json;
+
+use super::{Ctx, Outcome, median};
+use crate::load::Api;
+use crate::reference::{HfResult, HfSpec, run_hf};
+use crate::report::Row;
+use crate::stats::{Summary, ms};
+
+pub async fn s1(ctx: &Ctx) -> Outcome {
+    let sz = &ctx.sizes;
+    ctx.warm_up(11).await;
+    let prompts = ctx.prompts(sz.s1_repeats.max(1), sz.prompt_len, 12);
+    let mut specs = ctx.specs(&prompts, sz.output_len);
+    for (i, spec) in specs.iter_mut().enumerate() {
+        spec.cache_salt = Some(format!("s1-{}-{i}", ctx.seed));
+    }
+    let records = ctx.load(Api::Grpc, 1, specs.len(), &specs).await;
+    let summary = Summary::of(&records);
+    anyhow::ensure!(
+        summary.errors == 0,
+        "gyre requests failed: {:?}",
+        summary.error_samples
+    );
+    let per_request: Vec<f64> = records
+        .iter()
+        .map(|r| f64::from(r.tokens) / r.elapsed.as_secs_f64())
+        .collect();
+    let gyre = median(&per_request);
+    let hf = reference(ctx, &prompts[..1], sz.output_len).await?;
+    let mut row = Row::new("S1", "batch-1 output tok/s (gRPC)")
+        .gyre(format!("{gyre:.1} tok/s"))
+        .target(">= 1.0");
+    if let Some(hf) = &hf {
+        row = row.reference(format!("{:.1} tok/s", hf.tok_per_s)).compare(
+            gyre / hf.tok_per_s,
+            ">= 1.0",
+            gyre >= hf.tok_per_s,
+        );
+    }
+    let ttft = Row::new("S1", "batch-1 TTFT p50 / ITL p50 (ms)").gyre(format!(
+        "{:.2} / {:.2}",
+        summary.ttft_ms.p50, summary.itl_ms.p50
+    ));
+    let details = json!({
+        "prompt_tokens": sz.prompt_len,
+        "output_tokens": sz.output_len,
+        "gyre_tok_per_s": gyre,
+        "gyre_tok_per_s_per_request": per_request,
+        "gyre_seconds_per_request": records.iter().map(|r| r.elapsed.as_secs_f64()).collect::<Vec<_>>(),
+        "gyre": summary,
+        "hf": hf,
+        "ratio": hf.as_ref().map(|h| gyre / h.tok_per_s),
+    });
+    Ok((vec![row, ttft], details))
+}
+
+pub async fn s2(ctx: &Ctx) -> Outcome {
+    let sz = &ctx.sizes;
+    ctx.warm_up(21).await;
+    let prompts = ctx.prompts(sz.s2_streams, sz.prompt_len, 22);
+    let (mut records, mut per_round) = (Vec::new(), Vec::new());
+    for round in 0..sz.s2_rounds.max(1) {
+        // Fresh prompts each round: no round profits from another's cache.
+        let round_prompts = match round {
+            0 => prompts.clone(),
+            r => ctx.prompts(sz.s2_streams, sz.prompt_len, 22 + 100 * r as u64),
+        };
+        let specs = ctx.specs(&round_prompts, sz.output_len);
+        let round_records = ctx.load(Api::Http, specs.len(), 1, &specs).await;
+        let summary = Summary::of(&round_records);
+        anyhow::ensure!(
+            summary.errors == 0,
+            "gyre requests failed: {:?}",
+            summary.error_samples
+        );
+        per_round.push(summary.output_tok_per_s);
+        records.extend(round_records);
+    }
+    let summary = Summary::of(&records);
+    let gyre = median(&per_round);
+    let hf = reference(ctx, &prompts, sz.output_len).await?;
+    let metric = format!("{}-stream output tok/s (HTTP)", sz.s2_streams);
+    let mut row = Row::new("S2", &metric)
+        .gyre(format!("{gyre:.1} tok/s"))
+        .target(">= 1.5");
+    if let Some(hf) = &hf {
+        row = row
+            .reference(format!("{:.1} tok/s (batch {})", hf.tok_per_s, hf.batch))
+            .compare(gyre / hf.tok_per_s, ">= 1.5", gyre >= 1.5 * hf.tok_per_s);
+    }
+    let latency = Row::new("S2", "TTFT p50/p99, ITL p50/p99 (ms)").gyre(format!(
+        "{:.1}/{:.1}, {:.1}/{:.1}",
+        summary.ttft_ms.p50, summary.ttft_ms.p99, summary.itl_ms.p50, summary.itl_ms.p99
+    ));
+    let chunks: usize = records.iter().map(|r| r.events.len()).sum();
+    let details = json!({
+        "streams": sz.s2_streams,
+        "rounds": per_round.len(),
+        "gyre_tok_per_s": gyre,
+        "gyre_tok_per_s_per_round": per_round,
+        "prompt_tokens": sz.prompt_len,
+        "output_tokens": sz.output_len,
+        "gyre_pooled": summary,
+        "http_chunks": chunks,
+        "tpot_ms_mean": summary.tpot_ms.mean,
+        "first_request_ttft_ms": records.first().and_then(|r| r.ttft()).map(ms),
+        "hf": hf,
+        "ratio": hf.as_ref().map(|h| gyre / h.tok_per_s),
+    });
+    Ok((vec![row, latency], details))
+}
+
+/// transformers' `generate` on `prompts` (None with `--no-reference`).
+async fn reference(
+    ctx: &Ctx,
+    prompts: &[Vec<u32>],
+    new_tokens: u32,
+) -> anyhow::Result<Option<HfResult>> {
+    if ctx.no_reference {
+        return Ok(None);
+    }
+    let spec = HfSpec {
+        model: &ctx.model_dir,
+        prompts,
+        new_tokens,
+        threads: ctx.threads,
+        repeats: ctx.sizes.hf_repeats,
+        mode: "generate",
+        device: &ctx.device,
+        scratch: &ctx.scratch,
+    };
+    run_hf(&ctx.python, spec).await.map(Some)
+}
+
+/// transformers' time to the first token on `prompts` (None with `--no-reference`).
+pub async fn reference_ttft(ctx: &Ctx, prompts: &[Vec<u32>]) -> anyhow::Result<Option<HfResult>> {
+    if ctx.no_reference {
+        return Ok(None);
+    }
+    let spec = HfSpec {
+        model: &ctx.model_dir,
+        prompts,
+        new_tokens: 1,
+        threads: ctx.threads,
+        repeats: ctx.sizes.hf_repeats,
+        mode: "ttft",
+        device: &ctx.device,
+        scratch: &ctx.scratch,
+    };
+    run_hf(&ctx.python, spec).await.map(Some)
+}

@@ -1,0 +1,112 @@
+//! Starting the server under test: `gyre serve --model DIR` on free ports
+//! (port 0), its addresses read from the `... listening on http://ADDR`
+//! lines it prints, its log kept in a file. Killed when dropped.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running `gyre serve`.
+pub struct Server {
+    child: Child,
+    pub grpc_url: String,
+    pub http_addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+/// How to start it.
+pub struct ServerOptions<'a> {
+    pub bin: &'a Path,
+    pub model: &'a Path,
+    pub device: &'a str,
+    /// libtorch intra-op threads (`OMP_NUM_THREADS`); 0 leaves the default.
+    pub threads: usize,
+    pub log: PathBuf,
+    pub extra_args: &'a [String],
+}
+
+impl Server {
+    pub async fn start(opts: ServerOptions<'_>) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(&opts.log)
+            .with_context(|| format!("creating {}", opts.log.display()))?;
+        let mut command = Command::new(opts.bin);
+        command
+            .arg("serve")
+            .arg("--model")
+            .arg(opts.model)
+            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .args(["--device", opts.device])
+            .args(opts.extra_args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true);
+        if opts.threads > 0 {
+            command.env("OMP_NUM_THREADS", opts.threads.to_string());
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {}", opts.bin.display()))?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let (mut grpc, mut http) = (None, None);
+        let wait = async {
+            while grpc.is_none() || http.is_none() {
+                let Some(line) = lines.next_line().await? else {
+                    bail!("gyre exited before listening");
+                };
+                if let Some(addr) = line.split("listening on http://").nth(1) {
+                    let addr: SocketAddr = addr.trim().parse()?;
+                    if line.contains("gRPC") {
+                        grpc = Some(addr);
+                    } else if line.contains("HTTP") {
+                        http = Some(addr);
+                    }
+                }
+            }
+            anyhow::Ok(())
+        };
+        let waited = tokio::time::timeout(Duration::from_secs(600), wait).await;
+        let failed = match waited {
+            Err(_) => Some("timed out waiting for gyre to listen".to_owned()),
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Ok(Ok(())) => None,
+        };
+        if let Some(why) = failed {
+            let _ = child.start_kill();
+            let tail = std::fs::read_to_string(&opts.log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("{why}; log {}:\n{}", opts.log.display(), tail.join("\n"));
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (Some(grpc), Some(http_addr)) = (grpc, http) else {
+            bail!("gyre did not print both addresses");
+        };
+        Ok(Self {
+            child,
+            grpc_url: format!("http://{grpc}"),
+            http_addr,
+            log: opts.log,
+        })
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
