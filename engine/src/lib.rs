@@ -97,6 +97,9 @@ pub struct EngineOptions {
     pub kv_cache_bytes: u64,
     /// Exact number of KV blocks, overriding `kv_cache_bytes`.
     pub num_blocks: Option<usize>,
+    /// libtorch intra-op threads of the engine (CPU). None: libtorch's default
+    /// (one per core).
+    pub compute_threads: Option<usize>,
 }
 
 impl EngineOptions {
@@ -110,6 +113,7 @@ impl EngineOptions {
             block_size: 16,
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
+            compute_threads: None,
         }
     }
 }

@@ -87,6 +87,9 @@ pub(crate) fn spawn(
         .name("gyre-engine".into())
         .spawn(move || {
             let _guard = tch::no_grad_guard();
+            if let Some(n) = opts.compute_threads {
+                tch::set_num_threads(n.max(1) as i32);
+            }
             match Worker::load(opts, rx) {
                 Ok((worker, spawned)) => {
                     let _ = ready_tx.send(Ok(spawned));

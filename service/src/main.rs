@@ -82,6 +82,10 @@ struct EngineArgs {
     /// Most tokens per scheduler step (decodes + prefill chunks).
     #[arg(long, env = "GYRE_MAX_BATCH_TOKENS", default_value_t = 512)]
     max_batch_tokens: usize,
+    /// libtorch compute threads on CPU (default: one per core). On small
+    /// machines, leaving a core to the server stack can help under load.
+    #[arg(long, env = "GYRE_COMPUTE_THREADS")]
+    compute_threads: Option<usize>,
     /// Requests queued beyond this get RESOURCE_EXHAUSTED (HTTP 429).
     #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
     max_queue: usize,
@@ -130,6 +134,7 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
     opts.max_running = args.engine.max_running;
     opts.token_budget = args.engine.max_batch_tokens;
     opts.queue_capacity = args.engine.max_queue;
+    opts.compute_threads = args.engine.compute_threads;
     let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name))
         .await??;
     Ok(Arc::new(rt))
