@@ -120,3 +120,18 @@ def test_cancel_reaches_every_choice(server):
                             [start, {"cancel": {"requestId": "multi"}}]).ok().messages
     finishes = {int(m.get("index", 0)): m["finish"]["reason"] for m in msgs if "finish" in m}
     assert finishes == {0: "FINISH_REASON_CANCELLED", 1: "FINISH_REASON_CANCELLED"}
+
+
+def test_unset_max_tokens_fits_the_kv_cache(start_server):
+    # 4 blocks of 16 = 64 tokens of KV cache, far below the 2048-token context.
+    small = start_server("tiny-qwen2", "--num-kv-blocks", "4")
+    prompt = long_prompt(5, 10)
+    body = {"model": "tiny-qwen2", "prompt": prompt, "temperature": 0, "ignore_eos": True}
+    reply = harness.http_json(small.http, "/v1/completions", body)
+    assert reply.status == 200, reply.body
+    out = reply.json()
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 64 - 10
+    too_many = harness.http_json(small.http, "/v1/completions", {**body, "max_tokens": 100})
+    assert too_many.status == 400, too_many.body
+    assert too_many.json()["error"]["param"] == "max_tokens"

@@ -19,7 +19,11 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("rt");
-    for round in 0..2 {
+    let rounds: u32 = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    for round in 0..rounds {
         let prompt: Vec<u32> = (0..plen as u32)
             .map(|i| 100 + (i * 7919 + round) % 30000)
             .collect();

@@ -153,11 +153,16 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             "stop strings must not be empty",
         ));
     }
-    let ctx = model.engine.info().max_model_len;
+    let info = model.engine.info();
+    // Unset: whatever room the context and the KV cache leave for all n
+    // choices (the engine refuses the request when there is none).
+    let n = req.n.unwrap_or(1).max(1);
+    let prompt_len = prompt.len() as u32;
+    let room_ctx = info.max_model_len.saturating_sub(prompt_len);
+    let room_kv = info.kv_capacity_tokens.saturating_sub(prompt_len) / n;
     let max_tokens = match req.max_tokens {
         Some(n) => n,
-        // Unset: whatever room the context leaves (validated as too long below when none).
-        None => ctx.saturating_sub(prompt.len() as u32).max(1),
+        None => room_ctx.min(room_kv).max(1),
     };
     let engine_req = GenerateRequest {
         prompt,
