@@ -24,6 +24,8 @@ pub enum ServiceError {
     ModelNotFound(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("the deadline passed after {0} generated tokens")]
+    DeadlineExceeded(u32),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -121,6 +123,12 @@ impl ServiceError {
                     "the model failed to run this request".into(),
                 ),
             },
+            Self::DeadlineExceeded(_) => (
+                Code::DeadlineExceeded,
+                "DEADLINE_EXCEEDED",
+                None,
+                self.to_string(),
+            ),
             Self::Internal(_) => (
                 Code::Internal,
                 "INTERNAL",

@@ -18,6 +18,7 @@ use gyre_api::v1::{
 };
 use gyre_engine::{Event, FinishReason as EngineFinish};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -69,6 +70,7 @@ impl GenerationService {
         out: &Out,
         cancel: &watch::Receiver<bool>,
         mode: Mode,
+        deadline: Option<Instant>,
     ) {
         for (index, events) in choices.into_iter().enumerate() {
             let tag = Tag {
@@ -82,6 +84,7 @@ impl GenerationService {
                 out.clone(),
                 cancel.clone(),
                 mode,
+                deadline,
             ));
         }
     }
@@ -131,8 +134,16 @@ async fn run(
     out: Out,
     mut cancel: watch::Receiver<bool>,
     mode: Mode,
+    deadline: Option<Instant>,
 ) {
     let id = &tag.id;
+    let expired = async move {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(expired);
     let tok = p.model.tokenizer.clone();
     let mut detok = IncrementalDecoder::new(p.skip_special);
     let mut stops = StopMatcher::new(p.stop.clone());
@@ -160,6 +171,12 @@ async fn run(
             _ = cancelled(&mut cancel) => {
                 let f = finish(FinishReason::Cancelled, usage(generated, cached), None, None);
                 let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
+                return;
+            }
+            // The call's deadline (grpc-timeout) passed: end it, which also
+            // cancels the sequence in the engine.
+            _ = &mut expired => {
+                fail(&tag, &out, mode, ServiceError::DeadlineExceeded(generated)).await;
                 return;
             }
             // The client went away: returning drops `events`, which cancels
@@ -328,6 +345,32 @@ async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {
     };
 }
 
+/// When the call must end, from its `grpc-timeout` header (gRPC's wire
+/// format: up to 8 digits and a unit, H M S m u n). None without one.
+fn deadline_of(meta: &tonic::metadata::MetadataMap) -> Option<Instant> {
+    let v = meta.get("grpc-timeout")?.to_str().ok()?;
+    let timeout = parse_grpc_timeout(v)?;
+    Some(Instant::now() + timeout)
+}
+
+fn parse_grpc_timeout(v: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 #[tonic::async_trait]
 impl Generation for GenerationService {
     type GenerateStream = EventStream;
@@ -337,6 +380,8 @@ impl Generation for GenerationService {
         &self,
         request: Request<Streaming<GenerateRequest>>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        // The call's deadline bounds every request on the stream.
+        let deadline = deadline_of(request.metadata());
         let mut inbound = request.into_inner();
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let svc = self.clone();
@@ -380,7 +425,7 @@ impl Generation for GenerationService {
                                 Ok((p, choices)) => {
                                     let mode = Mode::Multiplexed;
                                     GenerationService::spawn_choices(
-                                        &tag.id, p, choices, &out, &crx, mode,
+                                        &tag.id, p, choices, &out, &crx, mode, deadline,
                                     )
                                 }
                                 Err(e) => fail(&tag, &out, Mode::Multiplexed, e).await,
@@ -410,6 +455,7 @@ impl Generation for GenerationService {
         &self,
         request: Request<v1::Request>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
+        let deadline = deadline_of(request.metadata());
         let mut req = request.into_inner();
         if req.request_id.is_empty() {
             req.request_id = format!("req-{:016x}", rand_id());
@@ -418,7 +464,7 @@ impl Generation for GenerationService {
         let (p, choices) = self.prepare(req).await?;
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
-        GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single);
+        GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single, deadline);
         // Nothing cancels a single-request stream but the client leaving
         // (noticed by each choice through its output channel); keep the
         // switch alive until every choice is done.
@@ -529,4 +575,26 @@ fn rand_id() -> u64 {
             .unwrap_or(0),
     );
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_grpc_timeout;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeout_header_parses_every_unit() {
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse_grpc_timeout("10S"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "S", "123456789S", "5x", "-1S", "1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
 }
