@@ -36,6 +36,7 @@ fn main() {
             },
             stop_token_ids: vec![],
             ignore_eos: true,
+            min_tokens: 0,
             priority: 0,
             cache_salt: format!("{round}"),
         };

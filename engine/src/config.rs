@@ -48,6 +48,8 @@ pub struct ModelConfig {
     pub default_temperature: Option<f32>,
     pub default_top_p: Option<f32>,
     pub default_top_k: Option<u32>,
+    pub default_min_p: Option<f32>,
+    pub default_repetition_penalty: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +94,8 @@ struct RawGenerationConfig {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<u32>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
     do_sample: Option<bool>,
 }
 
@@ -196,6 +200,8 @@ impl ModelConfig {
             },
             default_top_p: gen_cfg.top_p,
             default_top_k: gen_cfg.top_k,
+            default_min_p: gen_cfg.min_p,
+            default_repetition_penalty: gen_cfg.repetition_penalty,
         })
     }
 }

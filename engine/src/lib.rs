@@ -162,6 +162,8 @@ pub struct GenerateRequest {
     pub stop_token_ids: Vec<u32>,
     /// When true, EOS does not end generation.
     pub ignore_eos: bool,
+    /// EOS and stop token ids cannot be generated before this many tokens.
+    pub min_tokens: u32,
     /// Higher runs first and is preempted last.
     pub priority: i32,
     /// Prefix-cache namespace; empty is the shared cache.

@@ -1,6 +1,10 @@
-//! Picks the next token from one row of float32 logits: greedy, or
-//! temperature / top-k / top-p sampling with the request's own seeded
-//! generator (same seed, same tokens).
+//! Picks the next token from one row of float32 logits, in vLLM's order:
+//! logit bias, suppressed tokens (min_tokens), repetition / frequency /
+//! presence penalties, then greedy, or temperature with top-k, top-p and
+//! min-p, sampled with the request's own seeded generator (same seed, same
+//! tokens).
+
+use std::collections::{HashMap, HashSet};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -16,6 +20,17 @@ pub struct Sampling {
     pub top_k: u32,
     /// None: seeded from the OS.
     pub seed: Option<u64>,
+    /// Drop tokens less likely than min_p times the most likely; 0 is off.
+    pub min_p: f32,
+    /// Subtracted once from every token already generated (OpenAI).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of every token already generated (OpenAI).
+    pub frequency_penalty: f32,
+    /// Divides positive (multiplies negative) logits of tokens seen in the
+    /// prompt or output (transformers / vLLM); 1 is off.
+    pub repetition_penalty: f32,
+    /// Added to the logits of these tokens.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for Sampling {
@@ -25,14 +40,22 @@ impl Default for Sampling {
             top_p: 1.0,
             top_k: 0,
             seed: None,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
     }
 }
 
-/// A request's sampler: its settings and its own random generator.
+/// A request's sampler: its settings, what it has generated (for the
+/// penalties) and its own random generator.
 pub struct Sampler {
     cfg: Sampling,
     rng: ChaCha8Rng,
+    prompt: HashSet<u32>,
+    counts: HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -41,11 +64,69 @@ impl Sampler {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
         };
-        Self { cfg, rng }
+        Self {
+            cfg,
+            rng,
+            prompt: HashSet::new(),
+            counts: HashMap::new(),
+        }
     }
 
-    /// The next token id for these logits.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// Remembers the prompt's tokens (the repetition penalty covers them).
+    pub fn with_prompt(mut self, prompt: &[u32]) -> Self {
+        if self.cfg.repetition_penalty != 1.0 {
+            self.prompt = prompt.iter().copied().collect();
+        }
+        self
+    }
+
+    /// The next token id for these logits, never one of `suppress`.
+    pub fn sample(&mut self, logits: &[f32], suppress: &[u32]) -> u32 {
+        let tok = self.pick(logits, suppress);
+        *self.counts.entry(tok).or_default() += 1;
+        tok
+    }
+
+    fn processed(&self, logits: &[f32], suppress: &[u32]) -> Option<Vec<f32>> {
+        let c = &self.cfg;
+        let penalize =
+            c.repetition_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0;
+        if c.logit_bias.is_empty() && suppress.is_empty() && !penalize {
+            return None;
+        }
+        let mut l = logits.to_vec();
+        for &(t, b) in &c.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x += b;
+            }
+        }
+        for &t in suppress {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        if c.repetition_penalty != 1.0 {
+            for &t in self.prompt.iter().chain(self.counts.keys()) {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x = if *x > 0.0 {
+                        *x / c.repetition_penalty
+                    } else {
+                        *x * c.repetition_penalty
+                    };
+                }
+            }
+        }
+        for (&t, &n) in &self.counts {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x -= c.presence_penalty + c.frequency_penalty * n as f32;
+            }
+        }
+        Some(l)
+    }
+
+    fn pick(&mut self, logits: &[f32], suppress: &[u32]) -> u32 {
+        let owned = self.processed(logits, suppress);
+        let logits = owned.as_deref().unwrap_or(logits);
         if self.cfg.temperature <= 0.0 || self.cfg.top_k == 1 {
             return argmax(logits);
         }
@@ -68,6 +149,15 @@ impl Sampler {
         let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
+        if self.cfg.min_p > 0.0 {
+            // Sorted: keep the prefix at least min_p times as likely as the first.
+            let floor = self.cfg.min_p * probs[0];
+            let keep = probs.iter().take_while(|&&p| p >= floor).count().max(1);
+            probs.truncate(keep);
+            cand.truncate(keep);
+            let s: f32 = probs.iter().sum();
+            probs.iter_mut().for_each(|p| *p /= s);
+        }
         if self.cfg.top_p < 1.0 {
             let mut acc = 0.0;
             let mut keep = probs.len();
@@ -116,13 +206,14 @@ mod tests {
             top_p,
             top_k,
             seed: Some(seed),
+            ..Sampling::default()
         })
     }
 
     #[test]
     fn greedy_takes_first_max() {
         assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
-        assert_eq!(s(0.0, 1.0, 0, 1).sample(&[0.0, -1.0, 2.0]), 2);
+        assert_eq!(s(0.0, 1.0, 0, 1).sample(&[0.0, -1.0, 2.0], &[]), 2);
     }
 
     #[test]
@@ -130,7 +221,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let run = |seed| {
             let mut x = s(1.0, 1.0, 0, seed);
-            (0..64).map(|_| x.sample(&logits)).collect::<Vec<_>>()
+            (0..64).map(|_| x.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -141,13 +232,13 @@ mod tests {
         let logits = [5.0, 4.0, 0.0, -3.0, 4.5];
         let mut k2 = s(1.0, 1.0, 2, 3);
         for _ in 0..200 {
-            assert!([0, 4].contains(&k2.sample(&logits)));
+            assert!([0, 4].contains(&k2.sample(&logits, &[])));
         }
         // p(0) ~ 0.50, p(4) ~ 0.30: top_p 0.6 keeps exactly those two.
         let mut p = s(1.0, 0.6, 0, 4);
         let mut seen = std::collections::HashSet::new();
         for _ in 0..500 {
-            seen.insert(p.sample(&logits));
+            seen.insert(p.sample(&logits, &[]));
         }
         assert_eq!(seen, [0u32, 4].into_iter().collect());
     }
@@ -157,7 +248,81 @@ mod tests {
         let logits = [f32::NEG_INFINITY, 1.0, f32::NAN, 1.0];
         let mut x = s(1.0, 1.0, 0, 5);
         for _ in 0..100 {
-            assert!([1, 3].contains(&x.sample(&logits)));
+            assert!([1, 3].contains(&x.sample(&logits, &[])));
         }
+    }
+
+    fn greedy_with(cfg: Sampling) -> Sampler {
+        Sampler::new(Sampling {
+            temperature: 0.0,
+            seed: Some(1),
+            ..cfg
+        })
+    }
+
+    #[test]
+    fn logit_bias_and_suppression_move_the_choice() {
+        let logits = [1.0, 3.0, 2.0];
+        let mut ban = greedy_with(Sampling {
+            logit_bias: vec![(1, -100.0)],
+            ..Sampling::default()
+        });
+        assert_eq!(ban.sample(&logits, &[]), 2);
+        let mut force = greedy_with(Sampling {
+            logit_bias: vec![(0, 100.0), (99, 5.0)],
+            ..Sampling::default()
+        });
+        assert_eq!(
+            force.sample(&logits, &[]),
+            0,
+            "out-of-range ids are ignored"
+        );
+        assert_eq!(greedy_with(Sampling::default()).sample(&logits, &[1, 2]), 0);
+    }
+
+    #[test]
+    fn penalties_follow_openai_and_transformers() {
+        // Frequency: each repeat costs more; token 0 wins once token 1 has
+        // been generated twice (3 - 0.3 = 2.7 > 2.5, but 3 - 2 * 0.3 = 2.4 < 2.5).
+        let logits = [2.5, 3.0];
+        let mut f = greedy_with(Sampling {
+            frequency_penalty: 0.3,
+            ..Sampling::default()
+        });
+        let picks: Vec<u32> = (0..3).map(|_| f.sample(&logits, &[])).collect();
+        assert_eq!(picks, vec![1, 1, 0]);
+        // Presence: a flat cost once seen.
+        let mut p = greedy_with(Sampling {
+            presence_penalty: 1.0,
+            ..Sampling::default()
+        });
+        assert_eq!((p.sample(&logits, &[]), p.sample(&logits, &[])), (1, 0));
+        // Repetition: positive logits of prompt tokens are divided, negative multiplied.
+        let mut r = greedy_with(Sampling {
+            repetition_penalty: 2.0,
+            ..Sampling::default()
+        })
+        .with_prompt(&[1, 2]);
+        assert_eq!(r.sample(&[2.0, 3.0, -0.1], &[]), 0, "3/2 = 1.5 < 2");
+        let mut neg = greedy_with(Sampling {
+            repetition_penalty: 2.0,
+            ..Sampling::default()
+        })
+        .with_prompt(&[0]);
+        assert_eq!(neg.sample(&[-1.0, -1.5], &[]), 1, "-1 * 2 = -2 < -1.5");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // p ~ [0.66, 0.24, 0.09, 0.01]: min_p 0.2 keeps the first two only.
+        let logits = [3.0, 2.0, 1.0, -1.0];
+        let mut m = Sampler::new(Sampling {
+            min_p: 0.2,
+            seed: Some(9),
+            ..Sampling::default()
+        });
+        let seen: std::collections::HashSet<u32> =
+            (0..500).map(|_| m.sample(&logits, &[])).collect();
+        assert_eq!(seen, [0u32, 1].into_iter().collect());
     }
 }

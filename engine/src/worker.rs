@@ -44,6 +44,14 @@ struct Gen {
     forks: Vec<(mpsc::UnboundedSender<Event>, Sampler)>,
 }
 
+/// Tokens that may not be sampled yet: EOS and stop ids before min_tokens.
+fn suppressed(g: &Gen) -> Vec<u32> {
+    if g.generated >= g.req.min_tokens {
+        return Vec::new();
+    }
+    g.eos.iter().chain(&g.req.stop_token_ids).copied().collect()
+}
+
 /// Hands a sampled token to its sequence. Returns how it ended, if it did
 /// (`None` inside: the client is gone, nothing to report).
 fn take_token(
@@ -121,7 +129,9 @@ fn info(model: &Llama, kv_tokens: u32) -> ModelInfo {
             temperature: c.default_temperature.unwrap_or(d.temperature),
             top_p: c.default_top_p.unwrap_or(d.top_p),
             top_k: c.default_top_k.unwrap_or(d.top_k),
-            seed: None,
+            min_p: c.default_min_p.unwrap_or(d.min_p),
+            repetition_penalty: c.default_repetition_penalty.unwrap_or(d.repetition_penalty),
+            ..d
         },
         device: match model.device {
             Device::Cuda(i) => format!("cuda:{i}"),
@@ -250,7 +260,7 @@ impl Worker {
                 let sampler_for = |i: u64| {
                     let mut sampling = req.sampling.clone();
                     sampling.seed = sampling.seed.map(|x| x.wrapping_add(i));
-                    Sampler::new(sampling)
+                    Sampler::new(sampling).with_prompt(&req.prompt)
                 };
                 let first = events.remove(0);
                 let forks = events
@@ -384,13 +394,13 @@ impl Worker {
                     eos: g.eos.clone(),
                     forks: Vec::new(),
                 };
-                let tok = cg.sampler.sample(row);
+                let tok = cg.sampler.sample(row, &suppressed(&cg));
                 if let Some(reason) = take_token(&mut cg, &mut cs, tok, max_len, &mut self.stats) {
                     finished.push((cid, reason));
                 }
                 children.push((cs, cg));
             }
-            let tok = g.sampler.sample(row);
+            let tok = g.sampler.sample(row, &suppressed(g));
             if let Some(reason) = take_token(g, s, tok, max_len, &mut self.stats) {
                 finished.push((id, reason));
             }

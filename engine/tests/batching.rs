@@ -41,6 +41,7 @@ fn greedy(p: Vec<u32>, max_tokens: u32) -> GenerateRequest {
         },
         stop_token_ids: vec![],
         ignore_eos: true,
+        min_tokens: 0,
         priority: 0,
         cache_salt: String::new(),
     }

@@ -109,6 +109,7 @@ fn greedy_continuations_match_transformers_under_batching() {
                         },
                         stop_token_ids: vec![],
                         ignore_eos: true,
+                        min_tokens: 0,
                         priority: 0,
                         cache_salt: String::new(),
                     })

@@ -123,11 +123,61 @@ fn sampling(
             format!("top_p must be in (0, 1], got {top_p}"),
         ));
     }
+    let in_range = |field: &'static str, v: f32, lo: f32, hi: f32| {
+        if v.is_finite() && (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(ServiceError::invalid(
+                format!("sampling.{field}"),
+                "OUT_OF_RANGE",
+                format!("{field} must be in [{lo}, {hi}], got {v}"),
+            ))
+        }
+    };
+    let min_p = in_range("min_p", p.min_p.unwrap_or(d.min_p), 0.0, 1.0)?;
+    let presence_penalty = in_range(
+        "presence_penalty",
+        p.presence_penalty.unwrap_or(0.0),
+        -2.0,
+        2.0,
+    )?;
+    let frequency_penalty = in_range(
+        "frequency_penalty",
+        p.frequency_penalty.unwrap_or(0.0),
+        -2.0,
+        2.0,
+    )?;
+    let repetition_penalty = p.repetition_penalty.unwrap_or(d.repetition_penalty);
+    if !(repetition_penalty > 0.0 && repetition_penalty <= 10.0) {
+        return Err(ServiceError::invalid(
+            "sampling.repetition_penalty",
+            "OUT_OF_RANGE",
+            format!("repetition_penalty must be in (0, 10], got {repetition_penalty}"),
+        ));
+    }
+    let vocab = model.engine.info().vocab_size;
+    let mut logit_bias: Vec<(u32, f32)> = Vec::with_capacity(p.logit_bias.len());
+    for (&id, &bias) in &p.logit_bias {
+        if id >= vocab {
+            return Err(ServiceError::invalid(
+                "sampling.logit_bias",
+                "TOKEN_OUT_OF_VOCABULARY",
+                format!("logit_bias names token id {id}, outside the vocabulary (size {vocab})"),
+            ));
+        }
+        logit_bias.push((id, in_range("logit_bias", bias, -100.0, 100.0)?));
+    }
+    logit_bias.sort_by_key(|&(id, _)| id);
     Ok(Sampling {
         temperature,
         top_p,
         top_k: p.top_k.unwrap_or(d.top_k),
         seed: p.seed,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
+        logit_bias,
     })
 }
 
@@ -164,12 +214,21 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         Some(n) => n,
         None => room_ctx.min(room_kv).max(1),
     };
+    let min_tokens = req.min_tokens.unwrap_or(0);
+    if min_tokens > max_tokens {
+        return Err(ServiceError::invalid(
+            "min_tokens",
+            "OUT_OF_RANGE",
+            format!("min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})"),
+        ));
+    }
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
         sampling,
         stop_token_ids: req.stop_token_ids.clone(),
         ignore_eos: req.ignore_eos,
+        min_tokens,
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
     };

@@ -159,6 +159,16 @@ fn common_to_proto(
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
     };
+    let mut logit_bias = std::collections::HashMap::new();
+    for (key, bias) in common.logit_bias.unwrap_or_default() {
+        let id: u32 = key.trim().parse().map_err(|_| {
+            ApiError::invalid_request(
+                format!("logit_bias keys must be token ids, got {key:?}."),
+                Some("logit_bias"),
+            )
+        })?;
+        logit_bias.insert(id, bias);
+    }
     let request = pb::Request {
         request_id: request_id.to_owned(),
         model: common.model,
@@ -168,7 +178,13 @@ fn common_to_proto(
             top_p: common.top_p,
             top_k,
             seed: common.seed.map(|s| u64::from_ne_bytes(s.to_ne_bytes())),
+            min_p: common.min_p,
+            presence_penalty: common.presence_penalty,
+            frequency_penalty: common.frequency_penalty,
+            repetition_penalty: common.repetition_penalty,
+            logit_bias,
         }),
+        min_tokens: common.min_tokens,
         max_tokens: common.max_completion_tokens.or(common.max_tokens),
         stop: common.stop.map(|s| s.0).unwrap_or_default(),
         stop_token_ids: common.stop_token_ids.unwrap_or_default(),

@@ -35,6 +35,18 @@ pub struct CommonParams {
     pub ignore_eos: Option<bool>,
     /// Extension (vLLM): leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
+    /// OpenAI: in [-2, 2].
+    pub presence_penalty: Option<f32>,
+    /// OpenAI: in [-2, 2].
+    pub frequency_penalty: Option<f32>,
+    /// OpenAI: token id (as a string) -> bias in [-100, 100].
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
+    /// Extension (vLLM): relative probability floor.
+    pub min_p: Option<f32>,
+    /// Extension (vLLM / transformers): repetition penalty, 1 is off.
+    pub repetition_penalty: Option<f32>,
+    /// Extension (vLLM): no EOS / stop token before this many tokens.
+    pub min_tokens: Option<u32>,
     /// Extension (vLLM): scheduling priority, *lower* runs first (vLLM's
     /// convention; gyre.v1 uses higher-first, so the shim negates it).
     pub priority: Option<i32>,
