@@ -53,36 +53,44 @@ impl ChatRequest {
             let what = format!("response_format of type '{}'", format.kind);
             return Err(ApiError::unsupported("response_format", &what));
         }
-        if chat.messages.is_empty() {
-            return Err(ApiError::invalid_request(
-                "'messages' must contain at least one message.",
-                Some("messages"),
-            ));
-        }
-        let mut messages = Vec::with_capacity(chat.messages.len());
-        for (i, m) in chat.messages.into_iter().enumerate() {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ApiError::invalid_request(
-                    format!(
-                        "Invalid role '{}': expected one of {}.",
-                        m.role,
-                        ROLES.join(", ")
-                    ),
-                    Some(&format!("messages[{i}].role")),
-                ));
-            }
-            messages.push(pb::ChatMessage {
-                role: m.role,
-                content: m.content.map(|c| c.0).unwrap_or_default(),
-                name: m.name,
-            });
-        }
+        let messages = chat_messages(chat.messages)?;
         let input = pb::request::Input::Chat(pb::ChatInput {
             messages,
             add_generation_prompt: chat.add_generation_prompt,
         });
         common_to_proto(self.common, request_id, input)
     }
+}
+
+/// OpenAI chat messages -> proto messages (content parts joined, roles checked).
+pub fn chat_messages(
+    list: Vec<crate::openai::request::ChatMessage>,
+) -> Result<Vec<pb::ChatMessage>, ApiError> {
+    if list.is_empty() {
+        return Err(ApiError::invalid_request(
+            "'messages' must contain at least one message.",
+            Some("messages"),
+        ));
+    }
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.into_iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid_request(
+                format!(
+                    "Invalid role '{}': expected one of {}.",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+                Some(&format!("messages[{i}].role")),
+            ));
+        }
+        messages.push(pb::ChatMessage {
+            role: m.role,
+            content: m.content.map(|c| c.0).unwrap_or_default(),
+            name: m.name,
+        });
+    }
+    Ok(messages)
 }
 
 /// A parsed `/v1/completions` body.

@@ -106,6 +106,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(routes::completions::create))
         .route("/v1/models", get(routes::models::list))
         .route("/v1/models/{*id}", get(routes::models::retrieve))
+        .route("/tokenize", post(routes::tokens::tokenize))
+        .route("/detokenize", post(routes::tokens::detokenize))
+        .route("/health", get(routes::tokens::health))
+        .route("/version", get(routes::tokens::version))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -141,7 +145,9 @@ async fn authenticate(
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(key) = &state.api_key {
+    // Probes (load balancers, orchestrators) carry no key.
+    let open = matches!(req.uri().path(), "/health" | "/version");
+    if let Some(key) = state.api_key.as_ref().filter(|_| !open) {
         let given = req
             .headers()
             .get(http::header::AUTHORIZATION)

@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod completions;
 pub mod models;
+pub mod tokens;
 
 use axum::http::{Method, Uri};
 

@@ -1,0 +1,123 @@
+//! vLLM-compatible utility routes: `POST /tokenize` (a prompt, or chat
+//! messages rendered with the model's template), `POST /detokenize`,
+//! `GET /health` (200 when the service answers, else 503) and `GET /version`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use gyre_api::v1::{
+    self as pb, DetokenizeRequest, ListModelsRequest, TokenizeRequest, tokenize_request,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::convert::chat_messages;
+use crate::error::{Api, ApiError};
+use crate::extract::{JsonObject, fields, require};
+use crate::openai::request::ChatMessage;
+use crate::upstream::grpc_request;
+
+#[derive(Deserialize)]
+struct TokenizeBody {
+    #[serde(default)]
+    model: String,
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    add_generation_prompt: Option<bool>,
+    add_special_tokens: Option<bool>,
+}
+
+/// `POST /tokenize`: `{"model", "prompt"}` or `{"model", "messages"}` ->
+/// `{"tokens", "count", "max_model_len"}`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    let b: TokenizeBody = fields(&body)?;
+    let input = match (b.prompt, b.messages) {
+        (Some(text), None) => tokenize_request::Input::Text(text),
+        (None, Some(messages)) => tokenize_request::Input::Chat(pb::ChatInput {
+            messages: chat_messages(messages)?,
+            add_generation_prompt: b.add_generation_prompt,
+        }),
+        _ => {
+            return Err(ApiError::invalid_request(
+                "Send exactly one of 'prompt' or 'messages'.",
+                Some("prompt"),
+            ));
+        }
+    };
+    let request = TokenizeRequest {
+        model: b.model,
+        input: Some(input),
+        add_special_tokens: b.add_special_tokens,
+    };
+    let mut client = state.client.clone();
+    let out = client
+        .tokenize(grpc_request(&state, &headers, request))
+        .await
+        .map_err(|status| ApiError::from_status(&status, Api::Completions))?
+        .into_inner();
+    Ok(Json(json!({
+        "tokens": out.token_ids,
+        "count": out.token_ids.len(),
+        "max_model_len": out.max_model_len,
+    })))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeBody {
+    #[serde(default)]
+    model: String,
+    tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`: `{"model", "tokens"}` -> `{"prompt"}`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonObject(body): JsonObject,
+) -> Result<Json<Value>, ApiError> {
+    require(&body, &["tokens"])?;
+    let b: DetokenizeBody = fields(&body)?;
+    let request = DetokenizeRequest {
+        model: b.model,
+        token_ids: b.tokens,
+        skip_special_tokens: None,
+    };
+    let mut client = state.client.clone();
+    let out = client
+        .detokenize(grpc_request(&state, &headers, request))
+        .await
+        .map_err(|status| ApiError::from_status(&status, Api::Completions))?
+        .into_inner();
+    Ok(Json(json!({ "prompt": out.text })))
+}
+
+/// `GET /health`: 200 when the gRPC service answers, 503 otherwise.
+pub async fn health(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let mut client = state.client.clone();
+    match client
+        .list_models(grpc_request(&state, &headers, ListModelsRequest {}))
+        .await
+    {
+        Ok(_) => Ok(StatusCode::OK),
+        Err(status) => Err(ApiError::from_status(
+            &tonic::Status::unavailable(format!(
+                "the gRPC service is not ready ({})",
+                status.code()
+            )),
+            Api::Models,
+        )),
+    }
+}
+
+/// `GET /version`.
+pub async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
