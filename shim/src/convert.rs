@@ -141,12 +141,6 @@ fn common_to_proto(
     request_id: &str,
     input: pb::request::Input,
 ) -> Result<(pb::Request, StreamMode), ApiError> {
-    if common.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid_request(
-            "Only n=1 is supported for now.",
-            Some("n"),
-        ));
-    }
     let top_k = match common.top_k {
         None => None,
         Some(-1 | 0) => Some(0),
@@ -199,7 +193,7 @@ fn common_to_proto(
         ignore_eos: common.ignore_eos.unwrap_or(false),
         skip_special_tokens: common.skip_special_tokens,
         priority: common.priority.map(i32::saturating_neg),
-        n: None,
+        n: common.n,
         cache_salt: common.cache_salt,
     };
     Ok((request, mode))
@@ -295,7 +289,6 @@ mod tests {
                 json!({"model": "m", "messages": msgs, "temperature": "hot"}),
                 "temperature",
             ),
-            (json!({"model": "m", "messages": msgs, "n": 2}), "n"),
             (json!({"model": "m", "messages": msgs, "stop": [1]}), "stop"),
             (
                 json!({"model": "m", "messages": msgs, "max_tokens": -1}),
@@ -375,5 +368,12 @@ mod tests {
             let err = completion(body.clone()).expect_err("invalid");
             assert_eq!(param(err), expected, "{body}");
         }
+    }
+
+    #[test]
+    fn n_maps_to_the_proto() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3});
+        let (req, _) = chat(body).expect("valid");
+        assert_eq!(req.n, Some(3));
     }
 }

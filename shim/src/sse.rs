@@ -1,8 +1,9 @@
 //! Server-Sent Events: drives a [`Generation`] and frames it as OpenAI does.
 //!
-//! The event sequence is: the opening chunk (chat: the assistant role), one
-//! chunk per non-empty text delta, ONE finishing chunk with `finish_reason`,
-//! the usage chunk when asked for, then `data: [DONE]`. An error after the
+//! The event sequence is: the opening chunk of each choice (chat: the
+//! assistant role), one chunk per non-empty text delta (tagged with its
+//! choice index), ONE finishing chunk with `finish_reason` per choice, the
+//! usage chunk when asked for, then `data: [DONE]`. An error after the
 //! stream started is sent as one `data: {"error":{...}}` event and the stream
 //! ends without `[DONE]`.
 //!
@@ -22,12 +23,12 @@ use crate::upstream::{Generation, Step};
 
 /// How one endpoint shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
-    /// The chunk sent before any text, if the endpoint has one.
-    fn opening(&self) -> Option<Event>;
-    /// A chunk carrying new text (never empty).
-    fn text(&self, text: &str) -> Event;
-    /// The chunk carrying `finish_reason`.
-    fn finish(&self, reason: &'static str) -> Event;
+    /// The chunk sent before any text of choice `index`, if the endpoint has one.
+    fn opening(&self, index: u32) -> Option<Event>;
+    /// A chunk carrying new text (never empty) of choice `index`.
+    fn text(&self, index: u32, text: &str) -> Event;
+    /// The chunk carrying choice `index`'s `finish_reason`.
+    fn finish(&self, index: u32, reason: &'static str) -> Event;
     /// The usage-only chunk, or `None` when the client did not ask for it.
     fn usage(&self, usage: Usage) -> Option<Event>;
 }
@@ -46,18 +47,19 @@ pub fn error_event(error: &ApiError) -> Event {
 
 /// The SSE response for a started generation. `X-Accel-Buffering: no` asks
 /// reverse proxies such as nginx to pass chunks on as they come.
-pub fn response<F: ChunkFormat>(generation: Generation, format: F) -> Response {
-    let sse = Sse::new(events(generation, format)).keep_alive(KeepAlive::default());
+pub fn response<F: ChunkFormat>(generation: Generation, n: u32, format: F) -> Response {
+    let sse = Sse::new(events(generation, n, format)).keep_alive(KeepAlive::default());
     ([("x-accel-buffering", "no")], sse).into_response()
 }
 
 /// The event stream of a started generation (see the module docs).
 pub fn events<F: ChunkFormat>(
     generation: Generation,
+    n: u32,
     format: F,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
     let driver = Driver {
-        opening: format.opening(),
+        opening: (0..n.max(1)).filter_map(|i| format.opening(i)).collect(),
         generation,
         format,
         done: false,
@@ -70,7 +72,7 @@ pub fn events<F: ChunkFormat>(
 }
 
 struct Driver<F> {
-    opening: Option<Event>,
+    opening: Vec<Event>,
     generation: Generation,
     format: F,
     done: bool,
@@ -82,15 +84,15 @@ impl<F: ChunkFormat> Driver<F> {
         if self.done {
             return None;
         }
-        if let Some(opening) = self.opening.take() {
-            return Some(vec![opening]);
+        if !self.opening.is_empty() {
+            return Some(std::mem::take(&mut self.opening));
         }
         match self.generation.next().await {
-            Ok(Step::Text(text)) => Some(vec![self.format.text(&text)]),
-            Ok(Step::Finished { reason, usage }) => {
+            Ok(Step::Text { index, text }) => Some(vec![self.format.text(index, &text)]),
+            Ok(Step::Finished { index, reason }) => Some(vec![self.format.finish(index, reason)]),
+            Ok(Step::End { usage }) => {
                 self.done = true;
-                let mut events = vec![self.format.finish(reason)];
-                events.extend(self.format.usage(usage));
+                let mut events: Vec<Event> = self.format.usage(usage).into_iter().collect();
                 events.push(Event::default().data("[DONE]"));
                 Some(events)
             }

@@ -53,10 +53,12 @@ pub fn grpc_request<T>(state: &AppState, headers: &HeaderMap, message: T) -> ton
 /// What a generation produced next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// New text (never empty).
-    Text(String),
-    /// The end: OpenAI's `finish_reason` and the token counts.
-    Finished { reason: &'static str, usage: Usage },
+    /// New text (never empty) of choice `index`.
+    Text { index: u32, text: String },
+    /// Choice `index` ended with OpenAI's `finish_reason`.
+    Finished { index: u32, reason: &'static str },
+    /// Every choice ended: token counts (prompt once, completions summed).
+    End { usage: Usage },
 }
 
 /// One running `GenerateStream` call.
@@ -68,13 +70,17 @@ pub struct Generation {
     /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
     deadline: Option<Instant>,
     api: Api,
+    /// Choices requested, and how many have finished.
+    n: u32,
+    finished: u32,
+    usage: Usage,
 }
 
 /// The whole output of a generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Collected {
-    pub text: String,
-    pub finish_reason: &'static str,
+    /// Text and finish reason of each choice, by index.
+    pub choices: Vec<(String, &'static str)>,
     pub usage: Usage,
 }
 
@@ -89,6 +95,7 @@ impl Generation {
         api: Api,
     ) -> Result<Self, ApiError> {
         let deadline = state.request_timeout.map(|t| Instant::now() + t);
+        let n = request.n.unwrap_or(1).max(1);
         let mut client = state.client.clone();
         let stream = client
             .generate_stream(grpc_request(state, headers, request))
@@ -100,6 +107,9 @@ impl Generation {
             peeked: None,
             deadline,
             api,
+            n,
+            finished: 0,
+            usage: Usage::default(),
         };
         let first = generation.next().await?;
         generation.peeked = Some(first);
@@ -112,6 +122,9 @@ impl Generation {
         if let Some(step) = self.peeked.take() {
             return Ok(step);
         }
+        if self.finished == self.n {
+            return Ok(Step::End { usage: self.usage });
+        }
         loop {
             let message = match self.deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, self.stream.message())
@@ -122,30 +135,44 @@ impl Generation {
             let response = message
                 .map_err(|status| ApiError::from_status(&status, self.api))?
                 .ok_or_else(|| ApiError::internal("gRPC stream ended without a finish event"))?;
+            let index = response.index;
+            if index >= self.n {
+                return Err(ApiError::internal(format!(
+                    "event for choice {index} of {}",
+                    self.n
+                )));
+            }
             match response.event {
                 Some(Event::Delta(delta)) if !delta.text.is_empty() => {
-                    return Ok(Step::Text(delta.text));
+                    return Ok(Step::Text {
+                        index,
+                        text: delta.text,
+                    });
                 }
                 // Token ids without text, or an event this shim does not know.
                 Some(Event::Delta(_)) | None => {}
-                Some(Event::Finish(finish)) => return finish_step(finish, self.api),
+                Some(Event::Finish(finish)) => {
+                    let (reason, usage) = finish_step(finish, self.api)?;
+                    self.finished += 1;
+                    self.usage.prompt_tokens = usage.prompt_tokens;
+                    self.usage.prompt_tokens_details = usage.prompt_tokens_details;
+                    self.usage.completion_tokens += usage.completion_tokens;
+                    self.usage.total_tokens =
+                        self.usage.prompt_tokens + self.usage.completion_tokens;
+                    return Ok(Step::Finished { index, reason });
+                }
             }
         }
     }
 
     /// Reads the generation to its end.
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
-        let mut text = String::new();
+        let mut choices = vec![(String::new(), "stop"); self.n as usize];
         loop {
             match self.next().await? {
-                Step::Text(t) => text.push_str(&t),
-                Step::Finished { reason, usage } => {
-                    return Ok(Collected {
-                        text,
-                        finish_reason: reason,
-                        usage,
-                    });
-                }
+                Step::Text { index, text } => choices[index as usize].0.push_str(&text),
+                Step::Finished { index, reason } => choices[index as usize].1 = reason,
+                Step::End { usage } => return Ok(Collected { choices, usage }),
             }
         }
     }
@@ -153,7 +180,7 @@ impl Generation {
 
 /// Maps a `Finish` event: STOP / LENGTH end normally, CANCELLED / ERROR are
 /// errors (the service cancelled, since this client did not).
-fn finish_step(finish: pb::Finish, api: Api) -> Result<Step, ApiError> {
+fn finish_step(finish: pb::Finish, api: Api) -> Result<(&'static str, Usage), ApiError> {
     let usage = Usage::from(finish.usage.unwrap_or_default());
     let reason = match FinishReason::try_from(finish.reason) {
         Ok(FinishReason::Stop) => "stop",
@@ -176,7 +203,7 @@ fn finish_step(finish: pb::Finish, api: Api) -> Result<Step, ApiError> {
             "stop"
         }
     };
-    Ok(Step::Finished { reason, usage })
+    Ok((reason, usage))
 }
 
 #[cfg(test)]
@@ -198,13 +225,11 @@ mod tests {
 
     #[test]
     fn finish_reasons_map() {
-        let step = finish_step(finish(FinishReason::Length, None), Api::Chat).expect("ok");
-        let Step::Finished { reason, usage } = step else {
-            panic!("finished expected");
-        };
+        let (reason, usage) =
+            finish_step(finish(FinishReason::Length, None), Api::Chat).expect("ok");
         assert_eq!((reason, usage.total_tokens), ("length", 6));
-        let step = finish_step(finish(FinishReason::Stop, None), Api::Chat).expect("ok");
-        assert!(matches!(step, Step::Finished { reason: "stop", .. }));
+        let (reason, _) = finish_step(finish(FinishReason::Stop, None), Api::Chat).expect("ok");
+        assert_eq!(reason, "stop");
     }
 
     #[test]

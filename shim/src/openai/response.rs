@@ -99,12 +99,13 @@ pub struct AssistantMessage {
 }
 
 impl ChatCompletion {
-    pub fn new(meta: Meta, content: String, finish_reason: &'static str, usage: Usage) -> Self {
-        Self {
-            meta,
-            object: "chat.completion",
-            choices: vec![ChatChoice {
-                index: 0,
+    /// One choice per (content, finish_reason), indexed in order.
+    pub fn new(meta: Meta, choices: Vec<(String, &'static str)>, usage: Usage) -> Self {
+        let choices = choices
+            .into_iter()
+            .zip(0u32..)
+            .map(|((content, finish_reason), index)| ChatChoice {
+                index,
                 message: AssistantMessage {
                     role: "assistant",
                     content,
@@ -112,7 +113,12 @@ impl ChatCompletion {
                 },
                 logprobs: None,
                 finish_reason,
-            }],
+            })
+            .collect();
+        Self {
+            meta,
+            object: "chat.completion",
+            choices,
             usage,
         }
     }
@@ -224,8 +230,12 @@ mod tests {
             completion_tokens: 2,
             cached_tokens: 1,
         });
-        let value = serde_json::to_value(ChatCompletion::new(meta(), "hi".into(), "stop", usage))
-            .expect("serializes");
+        let value = serde_json::to_value(ChatCompletion::new(
+            meta(),
+            vec![("hi".into(), "stop")],
+            usage,
+        ))
+        .expect("serializes");
         assert_eq!(
             value,
             json!({

@@ -25,16 +25,17 @@ pub async fn create(
     drop(body);
     let meta = Meta::new("chatcmpl", &request.common.model);
     let (proto, mode) = request.into_proto(&meta.id)?;
+    let n = proto.n.unwrap_or(1);
     let generation = Generation::start(&state, &headers, proto, Api::Chat).await?;
     if mode.stream {
         let format = ChatChunks {
             meta,
             include_usage: mode.include_usage,
         };
-        return Ok(sse::response(generation, format));
+        return Ok(sse::response(generation, n, format));
     }
     let out = generation.collect().await?;
-    let completion = ChatCompletion::new(meta, out.text, out.finish_reason, out.usage);
+    let completion = ChatCompletion::new(meta, out.choices, out.usage);
     Ok(Json(completion).into_response())
 }
 
@@ -45,12 +46,17 @@ struct ChatChunks {
 }
 
 impl ChatChunks {
-    fn chunk(&self, delta: ChunkDelta<'_>, finish_reason: Option<&'static str>) -> Event {
+    fn chunk(
+        &self,
+        index: u32,
+        delta: ChunkDelta<'_>,
+        finish_reason: Option<&'static str>,
+    ) -> Event {
         json_event(&ChatChunk {
             meta: &self.meta,
             object: "chat.completion.chunk",
             choices: vec![ChunkChoice {
-                index: 0,
+                index,
                 delta,
                 logprobs: None,
                 finish_reason,
@@ -61,24 +67,24 @@ impl ChatChunks {
 }
 
 impl ChunkFormat for ChatChunks {
-    fn opening(&self) -> Option<Event> {
+    fn opening(&self, index: u32) -> Option<Event> {
         let delta = ChunkDelta {
             role: Some("assistant"),
             content: Some(""),
         };
-        Some(self.chunk(delta, None))
+        Some(self.chunk(index, delta, None))
     }
 
-    fn text(&self, text: &str) -> Event {
+    fn text(&self, index: u32, text: &str) -> Event {
         let delta = ChunkDelta {
             role: None,
             content: Some(text),
         };
-        self.chunk(delta, None)
+        self.chunk(index, delta, None)
     }
 
-    fn finish(&self, reason: &'static str) -> Event {
-        self.chunk(ChunkDelta::default(), Some(reason))
+    fn finish(&self, index: u32, reason: &'static str) -> Event {
+        self.chunk(index, ChunkDelta::default(), Some(reason))
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {

@@ -27,27 +27,31 @@ pub async fn create(
     drop(body);
     let meta = Meta::new("cmpl", &request.common.model);
     let (proto, mode) = request.into_proto(&meta.id)?;
+    let n = proto.n.unwrap_or(1);
     let generation = Generation::start(&state, &headers, proto, Api::Completions).await?;
     if mode.stream {
         let format = TextChunks {
             meta,
             include_usage: mode.include_usage,
         };
-        return Ok(sse::response(generation, format));
+        return Ok(sse::response(generation, n, format));
     }
     let out = generation.collect().await?;
     let completion = TextCompletion {
         meta: &meta,
         object: OBJECT,
-        choices: vec![choice(&out.text, Some(out.finish_reason))],
+        choices: (0u32..)
+            .zip(&out.choices)
+            .map(|(index, (text, reason))| choice(index, text, Some(reason)))
+            .collect(),
         usage: Some(Some(out.usage)),
     };
     Ok(Json(completion).into_response())
 }
 
-fn choice<'a>(text: &'a str, finish_reason: Option<&'static str>) -> TextChoice<'a> {
+fn choice<'a>(index: u32, text: &'a str, finish_reason: Option<&'static str>) -> TextChoice<'a> {
     TextChoice {
-        index: 0,
+        index,
         text,
         logprobs: None,
         finish_reason,
@@ -72,16 +76,16 @@ impl TextChunks {
 }
 
 impl ChunkFormat for TextChunks {
-    fn opening(&self) -> Option<Event> {
+    fn opening(&self, _index: u32) -> Option<Event> {
         None
     }
 
-    fn text(&self, text: &str) -> Event {
-        self.chunk(vec![choice(text, None)], None)
+    fn text(&self, index: u32, text: &str) -> Event {
+        self.chunk(vec![choice(index, text, None)], None)
     }
 
-    fn finish(&self, reason: &'static str) -> Event {
-        self.chunk(vec![choice("", Some(reason))], None)
+    fn finish(&self, index: u32, reason: &'static str) -> Event {
+        self.chunk(vec![choice(index, "", Some(reason))], None)
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {
