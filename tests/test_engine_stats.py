@@ -135,3 +135,14 @@ def test_unset_max_tokens_fits_the_kv_cache(start_server):
     too_many = harness.http_json(small.http, "/v1/completions", {**body, "max_tokens": 100})
     assert too_many.status == 400, too_many.body
     assert too_many.json()["error"]["param"] == "max_tokens"
+
+
+def test_max_tokens_over_the_context_is_400_unless_clamped(start_server):
+    small = start_server("tiny-qwen2", "--num-kv-blocks", "4")
+    body = {"model": "tiny-qwen2", "prompt": long_prompt(6, 10), "max_tokens": 1000, "temperature": 0,
+            "ignore_eos": True}
+    refused = harness.http_json(small.http, "/v1/completions", body)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "max_tokens"
+    clamped = harness.http_json(small.http, "/v1/completions", {**body, "clamp_max_tokens": True})
+    assert clamped.status == 200, clamped.body
+    assert clamped.json()["usage"]["completion_tokens"] == 64 - 10

@@ -81,3 +81,17 @@ def test_out_of_range_over_grpc_is_invalid_argument(qwen):
     req = {"text": "hi", "maxTokens": 2, "sampling": {"presencePenalty": 9}}
     res = harness.buf_curl(qwen.grpc, "gyre.v1.Generation/GenerateStream", req)
     assert res.rc != 0 and res.error["code"] == "invalid_argument", res.stderr
+
+
+def test_include_stop_str_in_output(client):
+    base = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0)
+    text = client.completions.create(**base).choices[0].text
+    stop = text[5:8]
+    assert stop and stop in text
+    cut = client.completions.create(**base, stop=[stop]).choices[0]
+    kept = client.completions.create(**base, stop=[stop], extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert cut.finish_reason == kept.finish_reason == "stop"
+    assert kept.text == cut.text + stop
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        **base, stop=[stop], stream=True, extra_body={"include_stop_str_in_output": True}) if c.choices)
+    assert streamed == kept.text

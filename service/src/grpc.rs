@@ -219,7 +219,10 @@ async fn run(
                             token_ids: vec![t],
                         }),
                     ),
-                    StopOutcome::Stopped(text, s) => {
+                    StopOutcome::Stopped(mut text, s) => {
+                        if p.include_stop {
+                            text.push_str(&s);
+                        }
                         if out
                             .send(Ok(event(
                                 &tag,
@@ -243,7 +246,10 @@ async fn run(
                 let mut tail = detok.flush(&tok).unwrap_or_default();
                 match stops.push(&tail) {
                     StopOutcome::Continue(t) => tail = t + &stops.finish(),
-                    StopOutcome::Stopped(t, s) => {
+                    StopOutcome::Stopped(mut t, s) => {
+                        if p.include_stop {
+                            t.push_str(&s);
+                        }
                         let _ = out
                             .send(Ok(event(
                                 &tag,

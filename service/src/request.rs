@@ -18,6 +18,8 @@ pub struct Prepared {
     pub model: Arc<ModelRuntime>,
     pub engine_req: GenerateRequest,
     pub stop: Vec<String>,
+    /// Keep a matched stop string in the output.
+    pub include_stop: bool,
     pub skip_special: bool,
     /// Choices to generate.
     pub n: u32,
@@ -210,9 +212,11 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
     let prompt_len = prompt.len() as u32;
     let room_ctx = info.max_model_len.saturating_sub(prompt_len);
     let room_kv = info.kv_capacity_tokens.saturating_sub(prompt_len) / n;
+    let room = room_ctx.min(room_kv).max(1);
     let max_tokens = match req.max_tokens {
+        Some(n) if req.clamp_max_tokens => n.min(room),
         Some(n) => n,
-        None => room_ctx.min(room_kv).max(1),
+        None => room,
     };
     let min_tokens = req.min_tokens.unwrap_or(0);
     if min_tokens > max_tokens {
@@ -236,6 +240,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         model,
         engine_req,
         stop: req.stop.clone(),
+        include_stop: req.include_stop_str_in_output,
         skip_special: req.skip_special_tokens.unwrap_or(true),
         n: req.n.unwrap_or(1),
     })

@@ -187,6 +187,8 @@ fn common_to_proto(
             logit_bias,
         }),
         min_tokens: common.min_tokens,
+        include_stop_str_in_output: common.include_stop_str_in_output.unwrap_or(false),
+        clamp_max_tokens: common.clamp_max_tokens.unwrap_or(false),
         max_tokens: common.max_completion_tokens.or(common.max_tokens),
         stop: common.stop.map(|s| s.0).unwrap_or_default(),
         stop_token_ids: common.stop_token_ids.unwrap_or_default(),

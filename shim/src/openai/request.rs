@@ -47,6 +47,10 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f32>,
     /// Extension (vLLM): no EOS / stop token before this many tokens.
     pub min_tokens: Option<u32>,
+    /// Extension (vLLM): keep the matched stop string in the output.
+    pub include_stop_str_in_output: Option<bool>,
+    /// Extension (gyre): lower max_tokens to what fits instead of a 400.
+    pub clamp_max_tokens: Option<bool>,
     /// Extension (vLLM): scheduling priority, *lower* runs first (vLLM's
     /// convention; gyre.v1 uses higher-first, so the shim negates it).
     pub priority: Option<i32>,
