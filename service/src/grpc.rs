@@ -493,9 +493,7 @@ impl Generation for GenerationService {
                         model.encode(t, req.add_special_tokens.unwrap_or(true))?,
                     ),
                     Some(tokenize_request::Input::Chat(c)) => {
-                        let msgs = request::chat_messages(c)?;
-                        let text =
-                            model.render_chat(&msgs, c.add_generation_prompt.unwrap_or(true))?;
+                        let text = request::render_chat_input(&model, c)?;
                         let ids = model.encode(&text, false)?;
                         (text, ids)
                     }

@@ -147,6 +147,22 @@ impl ModelRuntime {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ServiceError> {
+        self.render_chat_with(
+            messages,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+            false,
+        )
+    }
+
+    /// Renders with `chat_template_kwargs` and `continue_final_message`.
+    pub fn render_chat_with(
+        &self,
+        messages: &[TemplateMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Value>,
+        continue_final_message: bool,
+    ) -> Result<String, ServiceError> {
         let Some(t) = &self.template else {
             return Err(ServiceError::invalid(
                 "chat",
@@ -164,14 +180,19 @@ impl ModelRuntime {
                 "messages must not be empty",
             ));
         }
-        t.render(messages, add_generation_prompt)
-            .map_err(|e| match e {
-                TemplateError::Raised(m) => {
-                    ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
-                }
-                TemplateError::Render(m) => {
-                    ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
-                }
-            })
+        t.render_with(
+            messages,
+            add_generation_prompt,
+            kwargs,
+            continue_final_message,
+        )
+        .map_err(|e| match e {
+            TemplateError::Raised(m) => {
+                ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
+            }
+            TemplateError::Render(m) => {
+                ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
+            }
+        })
     }
 }

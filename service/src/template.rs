@@ -62,24 +62,63 @@ impl ChatTemplate {
         messages: &[TemplateMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            &serde_json::Map::new(),
+            false,
+        )
+    }
+
+    /// Renders with extra template variables (`chat_template_kwargs`, such
+    /// as `enable_thinking`) and, with `continue_final_message`, cuts the
+    /// text right after the last message's content so the model continues
+    /// it (as transformers does).
+    pub fn render_with(
+        &self,
+        messages: &[TemplateMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        continue_final_message: bool,
+    ) -> Result<String, TemplateError> {
+        if continue_final_message && add_generation_prompt {
+            return Err(TemplateError::Raised(
+                "continue_final_message and add_generation_prompt cannot both be true".into(),
+            ));
+        }
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| TemplateError::Render(e.to_string()))?;
+        // The fixed variables win over kwargs of the same name.
         let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone(),
             eos_token => self.eos_token.clone(),
+            ..Value::from(minijinja::value::Serde(kwargs))
         };
-        tmpl.render(ctx).map_err(|e| {
+        let rendered = tmpl.render(ctx).map_err(|e| {
             if e.kind() == ErrorKind::InvalidOperation
                 && let Some(msg) = e.detail().and_then(|d| d.strip_prefix(RAISED))
             {
                 return TemplateError::Raised(msg.to_string());
             }
             TemplateError::Render(format!("{e:#}"))
-        })
+        })?;
+        if !continue_final_message {
+            return Ok(rendered);
+        }
+        let last = messages.last().map(|m| m.content.as_str()).unwrap_or("");
+        // Some templates trim message content; fall back to the trimmed text.
+        for needle in [last, last.trim()] {
+            if let Some(at) = rendered.rfind(needle).filter(|_| !needle.is_empty()) {
+                return Ok(rendered[..at + needle.len()].to_string());
+            }
+        }
+        Err(TemplateError::Raised(
+            "continue_final_message is set but the final message does not appear in the rendered chat".into(),
+        ))
     }
 }
 

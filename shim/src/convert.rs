@@ -57,9 +57,36 @@ impl ChatRequest {
         let input = pb::request::Input::Chat(pb::ChatInput {
             messages,
             add_generation_prompt: chat.add_generation_prompt,
+            continue_final_message: chat.continue_final_message,
+            chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
         });
         common_to_proto(self.common, request_id, input)
     }
+}
+
+/// A JSON object as a protobuf Struct (`chat_template_kwargs`).
+pub fn json_to_struct(map: serde_json::Map<String, Value>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: map
+            .into_iter()
+            .map(|(k, v)| (k, json_to_value(v)))
+            .collect(),
+    }
+}
+
+fn json_to_value(v: Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.into_iter().map(json_to_value).collect(),
+        }),
+        Value::Object(o) => Kind::StructValue(json_to_struct(o)),
+    };
+    prost_types::Value { kind: Some(kind) }
 }
 
 /// OpenAI chat messages -> proto messages (content parts joined, roles checked).

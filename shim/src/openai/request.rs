@@ -98,6 +98,10 @@ pub struct ChatParams {
     pub response_format: Option<ResponseFormat>,
     /// Extension (vLLM): end the prompt with the assistant header (default true).
     pub add_generation_prompt: Option<bool>,
+    /// Extension (vLLM): continue the last message instead of a new one.
+    pub continue_final_message: Option<bool>,
+    /// Extension (vLLM): extra chat-template variables (e.g. enable_thinking).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 /// `response_format`.

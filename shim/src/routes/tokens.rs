@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::convert::chat_messages;
+use crate::convert::{chat_messages, json_to_struct};
 use crate::error::{Api, ApiError};
 use crate::extract::{JsonObject, fields, require};
 use crate::openai::request::ChatMessage;
@@ -25,6 +25,8 @@ struct TokenizeBody {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
     add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     add_special_tokens: Option<bool>,
 }
 
@@ -41,6 +43,8 @@ pub async fn tokenize(
         (None, Some(messages)) => tokenize_request::Input::Chat(pb::ChatInput {
             messages: chat_messages(messages)?,
             add_generation_prompt: b.add_generation_prompt,
+            continue_final_message: b.continue_final_message,
+            chat_template_kwargs: b.chat_template_kwargs.map(json_to_struct),
         }),
         _ => {
             return Err(ApiError::invalid_request(
