@@ -8,6 +8,7 @@ The output is a plain package: put clients/python on sys.path and
 import pathlib
 import sys
 
+import grpc_tools
 from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -17,7 +18,9 @@ OUT = pathlib.Path(__file__).resolve().parent
 def main() -> int:
     proto_dir = ROOT / "proto"
     protos = sorted(str(p.relative_to(proto_dir)) for p in proto_dir.rglob("*.proto"))
-    args = ["protoc", f"-I{proto_dir}", f"--python_out={OUT}", f"--grpc_python_out={OUT}", f"--pyi_out={OUT}", *protos]
+    # grpcio-tools ships the well-known types (google/protobuf/struct.proto).
+    well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
+    args = ["protoc", f"-I{proto_dir}", f"-I{well_known}", f"--python_out={OUT}", f"--grpc_python_out={OUT}", f"--pyi_out={OUT}", *protos]
     rc = protoc.main(args)
     if rc != 0:
         return rc
