@@ -37,6 +37,7 @@ fn main() {
             stop_token_ids: vec![],
             ignore_eos: true,
             min_tokens: 0,
+            logprobs: None,
             priority: 0,
             cache_salt: format!("{round}"),
         };

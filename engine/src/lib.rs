@@ -164,11 +164,27 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// EOS and stop token ids cannot be generated before this many tokens.
     pub min_tokens: u32,
+    /// Report each token's log-probability and this many top alternatives
+    /// (at most 20). None: no log-probabilities.
+    pub logprobs: Option<u32>,
     /// Higher runs first and is preempted last.
     pub priority: i32,
     /// Prefix-cache namespace; empty is the shared cache.
     pub cache_salt: String,
 }
+
+/// The model's log-probabilities (of its raw distribution, before sampling
+/// parameters) for one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Most top alternatives a request may ask for.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +211,8 @@ pub enum Event {
     Prefilled {
         cached_tokens: u32,
     },
+    /// Log-probabilities of the token that follows (when requested).
+    Logprobs(TokenLogprobs),
     Token(u32),
     Finished {
         reason: FinishReason,

@@ -185,6 +185,45 @@ impl Sampler {
     }
 }
 
+/// Log-probability of `token` and the `k` most likely tokens under the
+/// softmax of `logits` (computed in f64 for a stable log-sum-exp).
+pub fn logprobs(logits: &[f32], token: u32, k: usize) -> crate::TokenLogprobs {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let log_z = max + sum.ln();
+    let lp = |x: f32| (x as f64 - log_z) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        top = idx
+            .into_iter()
+            .map(|i| (i, lp(logits[i as usize])))
+            .collect();
+    }
+    crate::TokenLogprobs {
+        token,
+        logprob: lp(logits
+            .get(token as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY)),
+        top,
+    }
+}
+
 /// Index of the largest value; the first one on ties (as torch.argmax).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -310,6 +349,19 @@ mod tests {
         })
         .with_prompt(&[0]);
         assert_eq!(neg.sample(&[-1.0, -1.5], &[]), 1, "-1 * 2 = -2 < -1.5");
+    }
+
+    #[test]
+    fn logprobs_are_a_normalised_log_softmax() {
+        let logits = [1.0f32, 3.0, 2.0, -1.0];
+        let l = logprobs(&logits, 2, 2);
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        assert!((l.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6);
+        assert_eq!(l.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        let total: f64 = (0..4)
+            .map(|t| (logprobs(&logits, t, 0).logprob as f64).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6);
     }
 
     #[test]

@@ -44,6 +44,14 @@ struct Gen {
     forks: Vec<(mpsc::UnboundedSender<Event>, Sampler)>,
 }
 
+/// Sends the token's log-probabilities first, when the request asked.
+fn send_logprobs(g: &Gen, row: &[f32], tok: u32) {
+    if let Some(k) = g.req.logprobs {
+        let lp = crate::sampler::logprobs(row, tok, k.min(crate::MAX_TOP_LOGPROBS) as usize);
+        let _ = g.events.send(Event::Logprobs(lp));
+    }
+}
+
 /// Tokens that may not be sampled yet: EOS and stop ids before min_tokens.
 fn suppressed(g: &Gen) -> Vec<u32> {
     if g.generated >= g.req.min_tokens {
@@ -395,12 +403,14 @@ impl Worker {
                     forks: Vec::new(),
                 };
                 let tok = cg.sampler.sample(row, &suppressed(&cg));
+                send_logprobs(&cg, row, tok);
                 if let Some(reason) = take_token(&mut cg, &mut cs, tok, max_len, &mut self.stats) {
                     finished.push((cid, reason));
                 }
                 children.push((cs, cg));
             }
             let tok = g.sampler.sample(row, &suppressed(g));
+            send_logprobs(g, row, tok);
             if let Some(reason) = take_token(g, s, tok, max_len, &mut self.stats) {
                 finished.push((id, reason));
             }

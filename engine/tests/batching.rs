@@ -42,6 +42,7 @@ fn greedy(p: Vec<u32>, max_tokens: u32) -> GenerateRequest {
         stop_token_ids: vec![],
         ignore_eos: true,
         min_tokens: 0,
+        logprobs: None,
         priority: 0,
         cache_salt: String::new(),
     }
@@ -63,6 +64,7 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Prefilled { cached_tokens } => cached = cached_tokens,
+            Event::Logprobs(_) => {}
             Event::Token(t) => tokens.push(t),
             Event::Finished { reason, usage } => {
                 assert_eq!(usage.completion_tokens as usize, tokens.len());

@@ -110,6 +110,7 @@ fn greedy_continuations_match_transformers_under_batching() {
                         stop_token_ids: vec![],
                         ignore_eos: true,
                         min_tokens: 0,
+                        logprobs: None,
                         priority: 0,
                         cache_salt: String::new(),
                     })
@@ -123,7 +124,7 @@ fn greedy_continuations_match_transformers_under_batching() {
                 while let Some(ev) = rx.recv().await {
                     match ev {
                         Event::Token(t) => toks.push(t),
-                        Event::Prefilled { .. } => {}
+                        Event::Prefilled { .. } | Event::Logprobs(_) => {}
                         Event::Finished { usage, .. } => {
                             assert_eq!(usage.completion_tokens as usize, toks.len());
                             break;

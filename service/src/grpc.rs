@@ -150,6 +150,7 @@ async fn run(
     let prompt_tokens = p.engine_req.prompt.len() as u32;
     let mut generated = 0u32;
     let mut cached = 0u32;
+    let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let usage = |completion, cached| v1::Usage {
         prompt_tokens,
         completion_tokens: completion,
@@ -192,6 +193,10 @@ async fn run(
                 cached = cached_tokens;
                 continue;
             }
+            Some(Event::Logprobs(lp)) => {
+                pending_logprobs = Some(token_logprob(&tok, lp));
+                continue;
+            }
             Some(Event::Token(t)) => {
                 generated += 1;
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
@@ -217,6 +222,7 @@ async fn run(
                         Ev::Delta(v1::Delta {
                             text,
                             token_ids: vec![t],
+                            logprobs: pending_logprobs.take().into_iter().collect(),
                         }),
                     ),
                     StopOutcome::Stopped(mut text, s) => {
@@ -229,6 +235,7 @@ async fn run(
                                 Ev::Delta(v1::Delta {
                                     text,
                                     token_ids: vec![t],
+                                    logprobs: pending_logprobs.take().into_iter().collect(),
                                 }),
                             )))
                             .await
@@ -256,6 +263,7 @@ async fn run(
                                 Ev::Delta(v1::Delta {
                                     text: t,
                                     token_ids: vec![],
+                                    logprobs: vec![],
                                 }),
                             )))
                             .await;
@@ -276,6 +284,7 @@ async fn run(
                             Ev::Delta(v1::Delta {
                                 text: tail,
                                 token_ids: vec![],
+                                logprobs: vec![],
                             }),
                         )))
                         .await
@@ -319,6 +328,25 @@ async fn run(
             tracing::info!(request_id = %id, generated, "client went away; request cancelled");
             return;
         }
+    }
+}
+
+/// A token's log-probabilities for the API, with each token's text.
+fn token_logprob(tok: &tokenizers::Tokenizer, lp: gyre_engine::TokenLogprobs) -> v1::TokenLogprob {
+    let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+    v1::TokenLogprob {
+        token_id: lp.token,
+        logprob: lp.logprob,
+        token: text(lp.token),
+        top_logprobs: lp
+            .top
+            .into_iter()
+            .map(|(id, logprob)| v1::TopLogprob {
+                token_id: id,
+                logprob,
+                token: text(id),
+            })
+            .collect(),
     }
 }
 

@@ -256,6 +256,18 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         Some(n) => n,
         None => room,
     };
+    let logprobs = req.logprobs;
+    if logprobs.is_some_and(|k| k > gyre_engine::MAX_TOP_LOGPROBS) {
+        return Err(ServiceError::invalid(
+            "logprobs",
+            "OUT_OF_RANGE",
+            format!(
+                "at most {} top logprobs, got {}",
+                gyre_engine::MAX_TOP_LOGPROBS,
+                logprobs.unwrap_or(0)
+            ),
+        ));
+    }
     let min_tokens = req.min_tokens.unwrap_or(0);
     if min_tokens > max_tokens {
         return Err(ServiceError::invalid(
@@ -271,6 +283,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         stop_token_ids: req.stop_token_ids.clone(),
         ignore_eos: req.ignore_eos,
         min_tokens,
+        logprobs,
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
     };

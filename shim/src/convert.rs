@@ -43,8 +43,21 @@ impl ChatRequest {
     /// The proto request with id `request_id`, and how to answer.
     pub fn into_proto(self, request_id: &str) -> Result<(pb::Request, StreamMode), ApiError> {
         let chat = self.chat;
-        if chat.logprobs == Some(true) {
-            return Err(ApiError::unsupported("logprobs", "logprobs"));
+        let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
+            (true, k) => Some(k.unwrap_or(0)),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(ApiError::invalid_request(
+                    "top_logprobs requires logprobs to be true.",
+                    Some("top_logprobs"),
+                ));
+            }
+        };
+        if logprobs.is_some_and(|k| k > 20) {
+            return Err(ApiError::invalid_request(
+                "top_logprobs must be between 0 and 20.",
+                Some("top_logprobs"),
+            ));
         }
         if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::unsupported("tools", "Tool calling"));
@@ -54,13 +67,16 @@ impl ChatRequest {
             return Err(ApiError::unsupported("response_format", &what));
         }
         let messages = chat_messages(chat.messages)?;
+        let logprobs_k = logprobs;
         let input = pb::request::Input::Chat(pb::ChatInput {
             messages,
             add_generation_prompt: chat.add_generation_prompt,
             continue_final_message: chat.continue_final_message,
             chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
         });
-        common_to_proto(self.common, request_id, input)
+        let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
+        request.logprobs = logprobs_k;
+        Ok((request, mode))
     }
 }
 
@@ -143,9 +159,13 @@ impl CompletionRequest {
         if c.echo == Some(true) {
             return Err(ApiError::unsupported("echo", "echo"));
         }
-        if c.logprobs.is_some() {
-            return Err(ApiError::unsupported("logprobs", "logprobs"));
+        if c.logprobs.is_some_and(|k| k > 20) {
+            return Err(ApiError::invalid_request(
+                "logprobs must be between 0 and 20.",
+                Some("logprobs"),
+            ));
         }
+        let logprobs_k = c.logprobs;
         if c.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::unsupported("suffix", "suffix"));
         }
@@ -159,7 +179,9 @@ impl CompletionRequest {
             Prompt::Text(text) => pb::request::Input::Text(text),
             Prompt::TokenIds(ids) => pb::request::Input::TokenIds(pb::TokenIds { ids }),
         };
-        common_to_proto(self.common, request_id, input)
+        let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
+        request.logprobs = logprobs_k;
+        Ok((request, mode))
     }
 }
 
@@ -214,6 +236,7 @@ fn common_to_proto(
             logit_bias,
         }),
         min_tokens: common.min_tokens,
+        logprobs: None,
         include_stop_str_in_output: common.include_stop_str_in_output.unwrap_or(false),
         clamp_max_tokens: common.clamp_max_tokens.unwrap_or(false),
         max_tokens: common.max_completion_tokens.or(common.max_tokens),
@@ -351,8 +374,12 @@ mod tests {
                 "tools",
             ),
             (
-                json!({"model": "m", "messages": msgs, "logprobs": true}),
-                "logprobs",
+                json!({"model": "m", "messages": msgs, "top_logprobs": 2}),
+                "top_logprobs",
+            ),
+            (
+                json!({"model": "m", "messages": msgs, "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
             ),
         ];
         for (body, expected) in cases {
@@ -384,7 +411,7 @@ mod tests {
             (json!({"model": "m", "prompt": {}}), "prompt"),
             (json!({"model": "m", "prompt": "x", "echo": true}), "echo"),
             (
-                json!({"model": "m", "prompt": "x", "logprobs": 2}),
+                json!({"model": "m", "prompt": "x", "logprobs": 21}),
                 "logprobs",
             ),
             (
@@ -397,6 +424,23 @@ mod tests {
             let err = completion(body.clone()).expect_err("invalid");
             assert_eq!(param(err), expected, "{body}");
         }
+    }
+
+    #[test]
+    fn logprobs_map_to_the_proto() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let (req, _) =
+            chat(json!({"model": "m", "messages": msgs, "logprobs": true, "top_logprobs": 3}))
+                .expect("valid");
+        assert_eq!(req.logprobs, Some(3));
+        let (req, _) =
+            chat(json!({"model": "m", "messages": msgs, "logprobs": true})).expect("valid");
+        assert_eq!(req.logprobs, Some(0));
+        let (req, _) = chat(json!({"model": "m", "messages": msgs})).expect("valid");
+        assert_eq!(req.logprobs, None);
+        let (req, _) =
+            completion(json!({"model": "m", "prompt": "x", "logprobs": 5})).expect("valid");
+        assert_eq!(req.logprobs, Some(5));
     }
 
     #[test]

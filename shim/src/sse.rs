@@ -25,8 +25,8 @@ use crate::upstream::{Generation, Step};
 pub trait ChunkFormat: Send + 'static {
     /// The chunk sent before any text of choice `index`, if the endpoint has one.
     fn opening(&self, index: u32) -> Option<Event>;
-    /// A chunk carrying new text (never empty) of choice `index`.
-    fn text(&self, index: u32, text: &str) -> Event;
+    /// A chunk carrying new text of choice `index` and its tokens' logprobs.
+    fn text(&mut self, index: u32, text: &str, logprobs: &[gyre_api::v1::TokenLogprob]) -> Event;
     /// The chunk carrying choice `index`'s `finish_reason`.
     fn finish(&self, index: u32, reason: &'static str) -> Event;
     /// The usage-only chunk, or `None` when the client did not ask for it.
@@ -88,7 +88,11 @@ impl<F: ChunkFormat> Driver<F> {
             return Some(std::mem::take(&mut self.opening));
         }
         match self.generation.next().await {
-            Ok(Step::Text { index, text }) => Some(vec![self.format.text(index, &text)]),
+            Ok(Step::Text {
+                index,
+                text,
+                logprobs,
+            }) => Some(vec![self.format.text(index, &text, &logprobs)]),
             Ok(Step::Finished { index, reason }) => Some(vec![self.format.finish(index, reason)]),
             Ok(Step::End { usage }) => {
                 self.done = true;

@@ -51,10 +51,15 @@ pub fn grpc_request<T>(state: &AppState, headers: &HeaderMap, message: T) -> ton
 }
 
 /// What a generation produced next.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    /// New text (never empty) of choice `index`.
-    Text { index: u32, text: String },
+    /// New text of choice `index`, with the log-probabilities of its tokens
+    /// when requested (text may be empty only when logprobs are not).
+    Text {
+        index: u32,
+        text: String,
+        logprobs: Vec<pb::TokenLogprob>,
+    },
     /// Choice `index` ended with OpenAI's `finish_reason`.
     Finished { index: u32, reason: &'static str },
     /// Every choice ended: token counts (prompt once, completions summed).
@@ -77,10 +82,10 @@ pub struct Generation {
 }
 
 /// The whole output of a generation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
-    /// Text and finish reason of each choice, by index.
-    pub choices: Vec<(String, &'static str)>,
+    /// Text, finish reason and token logprobs of each choice, by index.
+    pub choices: Vec<(String, &'static str, Vec<pb::TokenLogprob>)>,
     pub usage: Usage,
 }
 
@@ -143,10 +148,13 @@ impl Generation {
                 )));
             }
             match response.event {
-                Some(Event::Delta(delta)) if !delta.text.is_empty() => {
+                Some(Event::Delta(delta))
+                    if !delta.text.is_empty() || !delta.logprobs.is_empty() =>
+                {
                     return Ok(Step::Text {
                         index,
                         text: delta.text,
+                        logprobs: delta.logprobs,
                     });
                 }
                 // Token ids without text, or an event this shim does not know.
@@ -167,10 +175,18 @@ impl Generation {
 
     /// Reads the generation to its end.
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
-        let mut choices = vec![(String::new(), "stop"); self.n as usize];
+        let mut choices = vec![(String::new(), "stop", Vec::new()); self.n as usize];
         loop {
             match self.next().await? {
-                Step::Text { index, text } => choices[index as usize].0.push_str(&text),
+                Step::Text {
+                    index,
+                    text,
+                    logprobs,
+                } => {
+                    let c = &mut choices[index as usize];
+                    c.0.push_str(&text);
+                    c.2.extend(logprobs);
+                }
                 Step::Finished { index, reason } => choices[index as usize].1 = reason,
                 Step::End { usage } => return Ok(Collected { choices, usage }),
             }

@@ -90,8 +90,10 @@ impl<'de> Deserialize<'de> for Stop {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ChatParams {
     pub messages: Vec<ChatMessage>,
-    /// Not supported yet: refused when true.
+    /// Return each token's log-probability.
     pub logprobs: Option<bool>,
+    /// With `logprobs`: how many most likely alternatives (0 to 20).
+    pub top_logprobs: Option<u32>,
     /// Not supported yet: refused when non-empty.
     pub tools: Option<Vec<Value>>,
     /// Not supported yet: refused unless `{"type": "text"}`.
@@ -166,7 +168,7 @@ pub struct CompletionParams {
     pub prompt: Prompt,
     /// Not supported yet: refused when true.
     pub echo: Option<bool>,
-    /// Not supported yet: refused when set.
+    /// Return each token's log-probability and this many alternatives (0 to 20).
     pub logprobs: Option<u32>,
     /// Not supported yet: refused when non-empty.
     pub suffix: Option<String>,

@@ -68,8 +68,58 @@ impl From<gyre_api::v1::Usage> for Usage {
     }
 }
 
-/// Always-null `logprobs`.
-type NoLogprobs = Option<()>;
+/// `logprobs` of a choice: null, or the endpoint's format built by
+/// [`chat_logprobs`] / [`TextLogprobs`].
+type NoLogprobs = Option<serde_json::Value>;
+
+fn bytes(s: &str) -> Vec<u8> {
+    s.as_bytes().to_vec()
+}
+
+/// Chat format: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
+pub fn chat_logprobs(entries: &[gyre_api::v1::TokenLogprob]) -> serde_json::Value {
+    let content: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            let top: Vec<_> = e
+                .top_logprobs
+                .iter()
+                .map(|t| serde_json::json!({"token": t.token, "logprob": t.logprob, "bytes": bytes(&t.token)}))
+                .collect();
+            serde_json::json!({"token": e.token, "logprob": e.logprob, "bytes": bytes(&e.token), "top_logprobs": top})
+        })
+        .collect();
+    serde_json::json!({"content": content, "refusal": null})
+}
+
+/// Legacy completions format, with `text_offset` counted (in characters)
+/// from the start of the choice's text across chunks.
+#[derive(Debug, Default)]
+pub struct TextLogprobs {
+    offset: usize,
+}
+
+impl TextLogprobs {
+    pub fn build(&mut self, entries: &[gyre_api::v1::TokenLogprob]) -> serde_json::Value {
+        let mut tokens = Vec::new();
+        let mut token_logprobs = Vec::new();
+        let mut top = Vec::new();
+        let mut text_offset = Vec::new();
+        for e in entries {
+            tokens.push(e.token.clone());
+            token_logprobs.push(e.logprob);
+            let alternatives: serde_json::Map<String, serde_json::Value> = e
+                .top_logprobs
+                .iter()
+                .map(|t| (t.token.clone(), t.logprob.into()))
+                .collect();
+            top.push(alternatives);
+            text_offset.push(self.offset);
+            self.offset += e.token.chars().count();
+        }
+        serde_json::json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset})
+    }
+}
 
 /// A whole `chat.completion`.
 #[derive(Debug, Clone, Serialize)]
@@ -99,19 +149,19 @@ pub struct AssistantMessage {
 }
 
 impl ChatCompletion {
-    /// One choice per (content, finish_reason), indexed in order.
-    pub fn new(meta: Meta, choices: Vec<(String, &'static str)>, usage: Usage) -> Self {
+    /// One choice per (content, finish_reason, logprobs), indexed in order.
+    pub fn new(meta: Meta, choices: Vec<(String, &'static str, NoLogprobs)>, usage: Usage) -> Self {
         let choices = choices
             .into_iter()
             .zip(0u32..)
-            .map(|((content, finish_reason), index)| ChatChoice {
+            .map(|((content, finish_reason, logprobs), index)| ChatChoice {
                 index,
                 message: AssistantMessage {
                     role: "assistant",
                     content,
                     refusal: None,
                 },
-                logprobs: None,
+                logprobs,
                 finish_reason,
             })
             .collect();
@@ -232,7 +282,7 @@ mod tests {
         });
         let value = serde_json::to_value(ChatCompletion::new(
             meta(),
-            vec![("hi".into(), "stop")],
+            vec![("hi".into(), "stop", None)],
             usage,
         ))
         .expect("serializes");

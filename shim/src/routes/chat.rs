@@ -11,9 +11,12 @@ use crate::AppState;
 use crate::convert::ChatRequest;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
-use crate::openai::response::{ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, Usage};
+use crate::openai::response::{
+    ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, Usage, chat_logprobs,
+};
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Generation;
+use gyre_api::v1::TokenLogprob;
 
 /// The handler.
 pub async fn create(
@@ -26,6 +29,7 @@ pub async fn create(
     let meta = Meta::new("chatcmpl", &request.common.model);
     let (proto, mode) = request.into_proto(&meta.id)?;
     let n = proto.n.unwrap_or(1);
+    let want_logprobs = proto.logprobs.is_some();
     let generation = Generation::start(&state, &headers, proto, Api::Chat).await?;
     if mode.stream {
         let format = ChatChunks {
@@ -35,7 +39,12 @@ pub async fn create(
         return Ok(sse::response(generation, n, format));
     }
     let out = generation.collect().await?;
-    let completion = ChatCompletion::new(meta, out.choices, out.usage);
+    let choices = out
+        .choices
+        .into_iter()
+        .map(|(text, reason, lps)| (text, reason, want_logprobs.then(|| chat_logprobs(&lps))))
+        .collect();
+    let completion = ChatCompletion::new(meta, choices, out.usage);
     Ok(Json(completion).into_response())
 }
 
@@ -50,6 +59,7 @@ impl ChatChunks {
         &self,
         index: u32,
         delta: ChunkDelta<'_>,
+        logprobs: Option<serde_json::Value>,
         finish_reason: Option<&'static str>,
     ) -> Event {
         json_event(&ChatChunk {
@@ -58,7 +68,7 @@ impl ChatChunks {
             choices: vec![ChunkChoice {
                 index,
                 delta,
-                logprobs: None,
+                logprobs,
                 finish_reason,
             }],
             usage: self.include_usage.then_some(None),
@@ -72,19 +82,20 @@ impl ChunkFormat for ChatChunks {
             role: Some("assistant"),
             content: Some(""),
         };
-        Some(self.chunk(index, delta, None))
+        Some(self.chunk(index, delta, None, None))
     }
 
-    fn text(&self, index: u32, text: &str) -> Event {
+    fn text(&mut self, index: u32, text: &str, logprobs: &[TokenLogprob]) -> Event {
         let delta = ChunkDelta {
             role: None,
             content: Some(text),
         };
-        self.chunk(index, delta, None)
+        let logprobs = (!logprobs.is_empty()).then(|| chat_logprobs(logprobs));
+        self.chunk(index, delta, logprobs, None)
     }
 
     fn finish(&self, index: u32, reason: &'static str) -> Event {
-        self.chunk(index, ChunkDelta::default(), Some(reason))
+        self.chunk(index, ChunkDelta::default(), None, Some(reason))
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {

@@ -11,9 +11,10 @@ use crate::AppState;
 use crate::convert::CompletionRequest;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
-use crate::openai::response::{Meta, TextChoice, TextCompletion, Usage};
+use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Generation;
+use gyre_api::v1::TokenLogprob;
 
 const OBJECT: &str = "text_completion";
 
@@ -28,11 +29,13 @@ pub async fn create(
     let meta = Meta::new("cmpl", &request.common.model);
     let (proto, mode) = request.into_proto(&meta.id)?;
     let n = proto.n.unwrap_or(1);
+    let want_logprobs = proto.logprobs.is_some();
     let generation = Generation::start(&state, &headers, proto, Api::Completions).await?;
     if mode.stream {
         let format = TextChunks {
             meta,
             include_usage: mode.include_usage,
+            offsets: (0..n).map(|_| TextLogprobs::default()).collect(),
         };
         return Ok(sse::response(generation, n, format));
     }
@@ -42,18 +45,26 @@ pub async fn create(
         object: OBJECT,
         choices: (0u32..)
             .zip(&out.choices)
-            .map(|(index, (text, reason))| choice(index, text, Some(reason)))
+            .map(|(index, (text, reason, lps))| {
+                let logprobs = want_logprobs.then(|| TextLogprobs::default().build(lps));
+                choice(index, text, logprobs, Some(reason))
+            })
             .collect(),
         usage: Some(Some(out.usage)),
     };
     Ok(Json(completion).into_response())
 }
 
-fn choice<'a>(index: u32, text: &'a str, finish_reason: Option<&'static str>) -> TextChoice<'a> {
+fn choice<'a>(
+    index: u32,
+    text: &'a str,
+    logprobs: Option<serde_json::Value>,
+    finish_reason: Option<&'static str>,
+) -> TextChoice<'a> {
     TextChoice {
         index,
         text,
-        logprobs: None,
+        logprobs,
         finish_reason,
     }
 }
@@ -62,6 +73,8 @@ fn choice<'a>(index: u32, text: &'a str, finish_reason: Option<&'static str>) ->
 struct TextChunks {
     meta: Meta,
     include_usage: bool,
+    /// Per choice: where the next token's `text_offset` starts.
+    offsets: Vec<TextLogprobs>,
 }
 
 impl TextChunks {
@@ -80,12 +93,16 @@ impl ChunkFormat for TextChunks {
         None
     }
 
-    fn text(&self, index: u32, text: &str) -> Event {
-        self.chunk(vec![choice(index, text, None)], None)
+    fn text(&mut self, index: u32, text: &str, logprobs: &[TokenLogprob]) -> Event {
+        let logprobs = match self.offsets.get_mut(index as usize) {
+            Some(o) if !logprobs.is_empty() => Some(o.build(logprobs)),
+            _ => None,
+        };
+        self.chunk(vec![choice(index, text, logprobs, None)], None)
     }
 
     fn finish(&self, index: u32, reason: &'static str) -> Event {
-        self.chunk(vec![choice(index, "", Some(reason))], None)
+        self.chunk(vec![choice(index, "", None, Some(reason))], None)
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {

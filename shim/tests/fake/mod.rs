@@ -73,6 +73,7 @@ fn delta(id: &str, text: &str) -> Result<pb::GenerateResponse, Status> {
         event: Some(Event::Delta(pb::Delta {
             text: text.to_owned(),
             token_ids: vec![7],
+            logprobs: vec![],
         })),
     })
 }
