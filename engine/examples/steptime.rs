@@ -28,18 +28,13 @@ fn main() {
             .map(|i| 100 + (i * 7919 + round) % 30000)
             .collect();
         let req = GenerateRequest {
-            prompt,
-            max_tokens: new_tokens,
             sampling: Sampling {
                 temperature: 0.0,
                 ..Sampling::default()
             },
-            stop_token_ids: vec![],
             ignore_eos: true,
-            min_tokens: 0,
-            logprobs: None,
-            priority: 0,
             cache_salt: format!("{round}"),
+            ..GenerateRequest::new(prompt, new_tokens)
         };
         let t0 = Instant::now();
         let rxs: Vec<_> = (0..streams)

@@ -173,6 +173,25 @@ pub struct GenerateRequest {
     pub cache_salt: String,
 }
 
+impl GenerateRequest {
+    /// A request with default settings: sampling from the defaults of
+    /// [`Sampling`], no extra stop ids, EOS honoured, no logprobs, priority 0,
+    /// the shared prefix cache.
+    pub fn new(prompt: Vec<u32>, max_tokens: u32) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: Sampling::default(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
+            logprobs: None,
+            priority: 0,
+            cache_salt: String::new(),
+        }
+    }
+}
+
 /// The model's log-probabilities (of its raw distribution, before sampling
 /// parameters) for one generated token.
 #[derive(Debug, Clone, PartialEq)]

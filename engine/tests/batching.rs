@@ -33,18 +33,12 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 
 fn greedy(p: Vec<u32>, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
-        prompt: p,
-        max_tokens,
         sampling: Sampling {
             temperature: 0.0,
             ..Sampling::default()
         },
-        stop_token_ids: vec![],
         ignore_eos: true,
-        min_tokens: 0,
-        logprobs: None,
-        priority: 0,
-        cache_salt: String::new(),
+        ..GenerateRequest::new(p, max_tokens)
     }
 }
 

@@ -101,18 +101,12 @@ fn greedy_continuations_match_transformers_under_batching() {
             .map(|p| {
                 engine
                     .submit(GenerateRequest {
-                        prompt: p.clone(),
-                        max_tokens: want.len() as u32,
                         sampling: Sampling {
                             temperature: 0.0,
                             ..Sampling::default()
                         },
-                        stop_token_ids: vec![],
                         ignore_eos: true,
-                        min_tokens: 0,
-                        logprobs: None,
-                        priority: 0,
-                        cache_salt: String::new(),
+                        ..GenerateRequest::new(p.clone(), want.len() as u32)
                     })
                     .expect("submit")
             })
