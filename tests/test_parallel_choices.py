@@ -75,3 +75,31 @@ def test_n_out_of_range(client, n):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=n)
     assert err.value.body["param"] == "n"
+
+
+def test_prompt_batches_give_choices_per_prompt(qwen):
+    prompts = ["Once upon a time", "Hello there"]
+    base = {"model": MODEL, "max_tokens": MAX, "temperature": 0, "ignore_eos": True}
+    singles = [harness.http_json(qwen.http, "/v1/completions", {**base, "prompt": p}).json() for p in prompts]
+    reply = harness.http_json(qwen.http, "/v1/completions", {**base, "prompt": prompts, "n": 2})
+    assert reply.status == 200, reply.body
+    out = reply.json()
+    spec.validate(spec.COMPLETION, out)
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    want = [s["choices"][0]["text"] for s in singles]
+    assert [c["text"] for c in out["choices"]] == [want[0], want[0], want[1], want[1]]
+    assert out["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert out["usage"]["completion_tokens"] == 4 * MAX
+    sse = harness.http_sse(qwen.http, "/v1/completions", {**base, "prompt": prompts, "n": 2, "stream": True})
+    assert sse.status == 200 and sse.done
+    texts, finished = {i: "" for i in range(4)}, []
+    for chunk in sse.chunks():
+        spec.validate(spec.COMPLETION_CHUNK, chunk)
+        for c in chunk["choices"]:
+            texts[c["index"]] += c["text"]
+            if c["finish_reason"]:
+                finished.append(c["index"])
+    assert sorted(finished) == [0, 1, 2, 3]
+    assert [texts[i] for i in range(4)] == [c["text"] for c in out["choices"]]
+    ids = harness.http_json(qwen.http, "/v1/completions", {**base, "prompt": [[9707, 11], [1879]]})
+    assert ids.status == 200 and len(ids.json()["choices"]) == 2

@@ -153,8 +153,8 @@ impl CompletionRequest {
         })
     }
 
-    /// The proto request with id `request_id`, and how to answer.
-    pub fn into_proto(self, request_id: &str) -> Result<(pb::Request, StreamMode), ApiError> {
+    /// The proto requests (one per prompt) and how to answer.
+    pub fn into_protos(self, request_id: &str) -> Result<(Vec<pb::Request>, StreamMode), ApiError> {
         let c = self.completion;
         if c.echo == Some(true) {
             return Err(ApiError::unsupported("echo", "echo"));
@@ -175,13 +175,31 @@ impl CompletionRequest {
                 Some("best_of"),
             ));
         }
-        let input = match c.prompt {
-            Prompt::Text(text) => pb::request::Input::Text(text),
-            Prompt::TokenIds(ids) => pb::request::Input::TokenIds(pb::TokenIds { ids }),
+        let prompts = match c.prompt {
+            Prompt::Batch(list) => list,
+            single => vec![single],
         };
-        let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
+        let input = |p: Prompt| match p {
+            Prompt::TokenIds(ids) => pb::request::Input::TokenIds(pb::TokenIds { ids }),
+            Prompt::Text(text) => pb::request::Input::Text(text),
+            Prompt::Batch(_) => pb::request::Input::Text(String::new()),
+        };
+        let mut prompts = prompts.into_iter();
+        let first = prompts
+            .next()
+            .map(input)
+            .unwrap_or(pb::request::Input::Text(String::new()));
+        let (mut request, mode) = common_to_proto(self.common, request_id, first)?;
         request.logprobs = logprobs_k;
-        Ok((request, mode))
+        // One gRPC request per prompt, the same but for input and id.
+        let mut requests = vec![request.clone()];
+        for (i, p) in prompts.enumerate() {
+            let mut r = request.clone();
+            r.request_id = format!("{request_id}-{}", i + 1);
+            r.input = Some(input(p));
+            requests.push(r);
+        }
+        Ok((requests, mode))
     }
 }
 
@@ -261,7 +279,8 @@ mod tests {
     }
 
     fn completion(body: Value) -> Result<(pb::Request, StreamMode), ApiError> {
-        CompletionRequest::from_body(&body)?.into_proto("id-1")
+        let (mut reqs, mode) = CompletionRequest::from_body(&body)?.into_protos("id-1")?;
+        Ok((reqs.remove(0), mode))
     }
 
     fn param(err: ApiError) -> Value {
@@ -406,8 +425,8 @@ mod tests {
     fn completion_errors_name_params() {
         let cases = [
             (json!({"model": "m"}), "prompt"),
-            (json!({"model": "m", "prompt": ["a", "b"]}), "prompt"),
-            (json!({"model": "m", "prompt": [[1, 2]]}), "prompt"),
+            (json!({"model": "m", "prompt": ["a", 2]}), "prompt"),
+            (json!({"model": "m", "prompt": [[]]}), "prompt"),
             (json!({"model": "m", "prompt": {}}), "prompt"),
             (json!({"model": "m", "prompt": "x", "echo": true}), "echo"),
             (
@@ -441,6 +460,33 @@ mod tests {
         let (req, _) =
             completion(json!({"model": "m", "prompt": "x", "logprobs": 5})).expect("valid");
         assert_eq!(req.logprobs, Some(5));
+    }
+
+    #[test]
+    fn prompt_batches_become_one_request_each() {
+        let body = json!({"model": "m", "prompt": ["a", "b", "c"], "n": 2});
+        let (reqs, _) = CompletionRequest::from_body(&body)
+            .and_then(|r| r.into_protos("id"))
+            .expect("valid");
+        let ids: Vec<_> = reqs.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids, ["id", "id-1", "id-2"]);
+        assert_eq!(reqs[2].input, Some(pb::request::Input::Text("c".into())));
+        assert!(reqs.iter().all(|r| r.n == Some(2)));
+        let body = json!({"model": "m", "prompt": [[1, 2], [3]]});
+        let (reqs, _) = CompletionRequest::from_body(&body)
+            .and_then(|r| r.into_protos("id"))
+            .expect("valid");
+        assert_eq!(
+            reqs[1].input,
+            Some(pb::request::Input::TokenIds(pb::TokenIds { ids: vec![3] }))
+        );
+        let (req, _) = completion(json!({"model": "m", "prompt": [[4, 5]]})).expect("batch of one");
+        assert_eq!(
+            req.input,
+            Some(pb::request::Input::TokenIds(pb::TokenIds {
+                ids: vec![4, 5]
+            }))
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::openai::response::Usage;
-use crate::upstream::{Generation, Step};
+use crate::upstream::{Merged, Step};
 
 /// How one endpoint shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
@@ -47,14 +47,14 @@ pub fn error_event(error: &ApiError) -> Event {
 
 /// The SSE response for a started generation. `X-Accel-Buffering: no` asks
 /// reverse proxies such as nginx to pass chunks on as they come.
-pub fn response<F: ChunkFormat>(generation: Generation, n: u32, format: F) -> Response {
+pub fn response<F: ChunkFormat>(generation: Merged, n: u32, format: F) -> Response {
     let sse = Sse::new(events(generation, n, format)).keep_alive(KeepAlive::default());
     ([("x-accel-buffering", "no")], sse).into_response()
 }
 
 /// The event stream of a started generation (see the module docs).
 pub fn events<F: ChunkFormat>(
-    generation: Generation,
+    generation: Merged,
     n: u32,
     format: F,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
@@ -73,7 +73,7 @@ pub fn events<F: ChunkFormat>(
 
 struct Driver<F> {
     opening: Vec<Event>,
-    generation: Generation,
+    generation: Merged,
     format: F,
     done: bool,
 }

@@ -194,6 +194,127 @@ impl Generation {
     }
 }
 
+/// Several generations (one per prompt of a batch) read as one: choice `j`
+/// of prompt `i` becomes choice `i * n + j`, and the single `End` carries the
+/// summed usage. Dropping it drops (cancels) every call.
+pub struct Merged {
+    streams: futures::stream::SelectAll<
+        futures::stream::BoxStream<'static, (u32, Result<Step, ApiError>)>,
+    >,
+    n: u32,
+    remaining: usize,
+    usage: Usage,
+}
+
+impl Merged {
+    /// `n`: choices per generation.
+    pub fn new(generations: Vec<Generation>, n: u32) -> Self {
+        use futures::StreamExt;
+        let remaining = generations.len();
+        let streams = generations.into_iter().zip(0u32..).map(|(g, i)| {
+            futures::stream::unfold(Some(g), move |g| async move {
+                let mut g = g?;
+                let step = g.next().await;
+                let last = matches!(step, Ok(Step::End { .. }) | Err(_));
+                Some(((i, step), (!last).then_some(g)))
+            })
+            .boxed()
+        });
+        Self {
+            streams: futures::stream::select_all(streams),
+            n: n.max(1),
+            remaining,
+            usage: Usage::default(),
+        }
+    }
+
+    /// Starts one call per request (all must start, else the first error).
+    pub async fn start(
+        state: &AppState,
+        headers: &HeaderMap,
+        requests: Vec<pb::Request>,
+        api: Api,
+    ) -> Result<Self, ApiError> {
+        let n = requests.first().and_then(|r| r.n).unwrap_or(1);
+        let starts = requests
+            .into_iter()
+            .map(|r| Generation::start(state, headers, r, api));
+        Ok(Self::new(futures::future::try_join_all(starts).await?, n))
+    }
+
+    /// The next step of any generation, with the merged choice index.
+    pub async fn next(&mut self) -> Result<Step, ApiError> {
+        use futures::StreamExt;
+        loop {
+            let Some((i, step)) = self.streams.next().await else {
+                return Ok(Step::End { usage: self.usage });
+            };
+            let base = i * self.n;
+            match step? {
+                Step::Text {
+                    index,
+                    text,
+                    logprobs,
+                } => {
+                    return Ok(Step::Text {
+                        index: base + index,
+                        text,
+                        logprobs,
+                    });
+                }
+                Step::Finished { index, reason } => {
+                    return Ok(Step::Finished {
+                        index: base + index,
+                        reason,
+                    });
+                }
+                Step::End { usage } => {
+                    self.usage.prompt_tokens += usage.prompt_tokens;
+                    self.usage.completion_tokens += usage.completion_tokens;
+                    self.usage.total_tokens += usage.total_tokens;
+                    self.usage.prompt_tokens_details.cached_tokens +=
+                        usage.prompt_tokens_details.cached_tokens;
+                    self.remaining -= 1;
+                    if self.remaining == 0 {
+                        return Ok(Step::End { usage: self.usage });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads every generation to its end: choices in merged index order.
+    pub async fn collect(mut self, choices: u32) -> Result<Collected, ApiError> {
+        let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
+        loop {
+            match self.next().await? {
+                Step::Text {
+                    index,
+                    text,
+                    logprobs,
+                } => {
+                    let c = out.get_mut(index as usize).ok_or_else(|| {
+                        ApiError::internal(format!("choice {index} out of range"))
+                    })?;
+                    c.0.push_str(&text);
+                    c.2.extend(logprobs);
+                }
+                Step::Finished { index, reason } => {
+                    if let Some(c) = out.get_mut(index as usize) {
+                        c.1 = reason;
+                    }
+                }
+                Step::End { usage } => {
+                    return Ok(Collected {
+                        choices: out,
+                        usage,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// Maps a `Finish` event: STOP / LENGTH end normally, CANCELLED / ERROR are
 /// errors (the service cancelled, since this client did not).
 fn finish_step(finish: pb::Finish, api: Api) -> Result<(&'static str, Usage), ApiError> {

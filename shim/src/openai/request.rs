@@ -176,12 +176,18 @@ pub struct CompletionParams {
     pub best_of: Option<u32>,
 }
 
-/// `prompt`: a string, a list with exactly one string, or a list of token ids.
+/// `prompt`: a string, a list of token ids, or a batch (a list of strings or
+/// of token-id lists; a batch of one is that prompt).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prompt {
     Text(String),
     TokenIds(Vec<u32>),
+    /// Several prompts: one set of choices each.
+    Batch(Vec<Prompt>),
 }
+
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 64;
 
 impl<'de> Deserialize<'de> for Prompt {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -189,7 +195,7 @@ impl<'de> Deserialize<'de> for Prompt {
             Value::String(s) => Ok(Prompt::Text(s)),
             Value::Array(items) => prompt_list(items).map_err(D::Error::custom),
             _ => Err(D::Error::custom(
-                "expected a string, a list with one string, or a list of token ids",
+                "expected a string, a list of token ids, or a list of those",
             )),
         }
     }
@@ -198,15 +204,27 @@ impl<'de> Deserialize<'de> for Prompt {
 fn prompt_list(items: Vec<Value>) -> Result<Prompt, String> {
     match items.as_slice() {
         [] => Err("the prompt must not be an empty list".to_owned()),
-        [Value::String(_)] => match items.into_iter().next() {
-            Some(Value::String(s)) => Ok(Prompt::Text(s)),
-            _ => Err("expected one string".to_owned()),
-        },
-        [Value::String(_), ..] => {
-            Err("batches of several prompts are not supported yet".to_owned())
-        }
-        [Value::Array(_), ..] => {
-            Err("batches of token-id prompts are not supported yet".to_owned())
+        [Value::String(_) | Value::Array(_), ..] => {
+            if items.len() > MAX_PROMPTS {
+                return Err(format!("at most {MAX_PROMPTS} prompts per request"));
+            }
+            let mut batch = items
+                .into_iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(Prompt::Text(s)),
+                    Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+                        match prompt_list(ids)? {
+                            p @ Prompt::TokenIds(_) => Ok(p),
+                            _ => Err("expected a list of token ids".to_owned()),
+                        }
+                    }
+                    _ => Err("a batch holds strings or non-empty lists of token ids".to_owned()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if batch.len() == 1 {
+                return batch.pop().ok_or_else(|| "empty batch".to_owned());
+            }
+            Ok(Prompt::Batch(batch))
         }
         _ => items
             .iter()
@@ -283,10 +301,21 @@ mod tests {
             parse::<Prompt>(json!([1, 2])),
             Ok(Prompt::TokenIds(vec![1, 2]))
         );
+        assert_eq!(
+            parse::<Prompt>(json!(["a", "b"])),
+            Ok(Prompt::Batch(vec![
+                Prompt::Text("a".into()),
+                Prompt::Text("b".into())
+            ]))
+        );
+        assert_eq!(parse::<Prompt>(json!([[1]])), Ok(Prompt::TokenIds(vec![1])));
+        let too_many: Vec<&str> = vec!["x"; MAX_PROMPTS + 1];
         for bad in [
             json!([]),
-            json!(["a", "b"]),
-            json!([[1]]),
+            json!(["a", 1]),
+            json!([[1], []]),
+            json!([[1], ["a"]]),
+            json!(too_many),
             json!([-1]),
             json!([1.5]),
             json!(3),

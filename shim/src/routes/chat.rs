@@ -15,7 +15,7 @@ use crate::openai::response::{
     ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, Usage, chat_logprobs,
 };
 use crate::sse::{self, ChunkFormat, json_event};
-use crate::upstream::Generation;
+use crate::upstream::Merged;
 use gyre_api::v1::TokenLogprob;
 
 /// The handler.
@@ -30,7 +30,7 @@ pub async fn create(
     let (proto, mode) = request.into_proto(&meta.id)?;
     let n = proto.n.unwrap_or(1);
     let want_logprobs = proto.logprobs.is_some();
-    let generation = Generation::start(&state, &headers, proto, Api::Chat).await?;
+    let generation = Merged::start(&state, &headers, vec![proto], Api::Chat).await?;
     if mode.stream {
         let format = ChatChunks {
             meta,
@@ -38,7 +38,7 @@ pub async fn create(
         };
         return Ok(sse::response(generation, n, format));
     }
-    let out = generation.collect().await?;
+    let out = generation.collect(n).await?;
     let choices = out
         .choices
         .into_iter()

@@ -13,7 +13,7 @@ use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
 use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
 use crate::sse::{self, ChunkFormat, json_event};
-use crate::upstream::Generation;
+use crate::upstream::Merged;
 use gyre_api::v1::TokenLogprob;
 
 const OBJECT: &str = "text_completion";
@@ -27,10 +27,12 @@ pub async fn create(
     let request = CompletionRequest::from_body(&body)?;
     drop(body);
     let meta = Meta::new("cmpl", &request.common.model);
-    let (proto, mode) = request.into_proto(&meta.id)?;
-    let n = proto.n.unwrap_or(1);
-    let want_logprobs = proto.logprobs.is_some();
-    let generation = Generation::start(&state, &headers, proto, Api::Completions).await?;
+    let (protos, mode) = request.into_protos(&meta.id)?;
+    let per_prompt = protos.first().and_then(|p| p.n).unwrap_or(1);
+    // Choice j of prompt i is choice i * per_prompt + j.
+    let n = per_prompt * protos.len() as u32;
+    let want_logprobs = protos.first().is_some_and(|p| p.logprobs.is_some());
+    let generation = Merged::start(&state, &headers, protos, Api::Completions).await?;
     if mode.stream {
         let format = TextChunks {
             meta,
@@ -39,7 +41,7 @@ pub async fn create(
         };
         return Ok(sse::response(generation, n, format));
     }
-    let out = generation.collect().await?;
+    let out = generation.collect(n).await?;
     let completion = TextCompletion {
         meta: &meta,
         object: OBJECT,
