@@ -16,7 +16,6 @@ pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     block_size: i64,
-    num_blocks: i64,
 }
 
 /// Bytes one block takes across all layers (keys and values).
@@ -53,20 +52,11 @@ impl KvPool {
                 (kind, device),
             )?);
         }
-        Ok(Self {
-            k,
-            v,
-            block_size,
-            num_blocks,
-        })
+        Ok(Self { k, v, block_size })
     }
 
     pub fn block_size(&self) -> i64 {
         self.block_size
-    }
-
-    pub fn num_blocks(&self) -> i64 {
-        self.num_blocks
     }
 
     /// Slot indices of positions `from..to` of a sequence with this block table.

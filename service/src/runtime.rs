@@ -141,21 +141,8 @@ impl ModelRuntime {
             .map_err(|e| ServiceError::Internal(format!("tokenizer: {e}")))
     }
 
-    /// Renders chat messages with the model's template.
-    pub fn render_chat(
-        &self,
-        messages: &[TemplateMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ServiceError> {
-        self.render_chat_with(
-            messages,
-            add_generation_prompt,
-            &serde_json::Map::new(),
-            false,
-        )
-    }
-
-    /// Renders with `chat_template_kwargs` and `continue_final_message`.
+    /// Renders chat messages with the model's template, with
+    /// `chat_template_kwargs` and `continue_final_message`.
     pub fn render_chat_with(
         &self,
         messages: &[TemplateMessage],

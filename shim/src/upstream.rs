@@ -172,26 +172,6 @@ impl Generation {
             }
         }
     }
-
-    /// Reads the generation to its end.
-    pub async fn collect(mut self) -> Result<Collected, ApiError> {
-        let mut choices = vec![(String::new(), "stop", Vec::new()); self.n as usize];
-        loop {
-            match self.next().await? {
-                Step::Text {
-                    index,
-                    text,
-                    logprobs,
-                } => {
-                    let c = &mut choices[index as usize];
-                    c.0.push_str(&text);
-                    c.2.extend(logprobs);
-                }
-                Step::Finished { index, reason } => choices[index as usize].1 = reason,
-                Step::End { usage } => return Ok(Collected { choices, usage }),
-            }
-        }
-    }
 }
 
 /// Several generations (one per prompt of a batch) read as one: choice `j`
