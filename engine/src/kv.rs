@@ -5,7 +5,8 @@
 //!
 //! Attention gathers a sequence's slots (index_select) and runs libtorch's
 //! scaled_dot_product_attention over them (grouped-query heads via
-//! `enable_gqa`). On CUDA the same path runs on the GPU.
+//! `enable_gqa`). On CUDA the same path runs on the GPU. Decodes on the CPU
+//! skip the gather: `attn::decode` reads `layer()`'s tensors in place.
 
 use tch::{Device, Kind, Tensor};
 
@@ -57,6 +58,11 @@ impl KvPool {
 
     pub fn block_size(&self) -> i64 {
         self.block_size
+    }
+
+    /// Keys and values of `layer`, [slots, kv_heads, head_dim].
+    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
     }
 
     /// Slot indices of positions `from..to` of a sequence with this block table.

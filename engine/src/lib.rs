@@ -6,6 +6,7 @@
 //! crosses into async code. Dropping a request's event receiver cancels it
 //! at the next step.
 
+mod attn;
 mod blocks;
 mod config;
 mod kv;

@@ -7,7 +7,8 @@
 //! `forward` takes a packed batch: the new tokens of several sequences laid
 //! end to end, each with its block table into the shared paged KV pool.
 //! Linear layers run once over all tokens of all sequences; attention runs
-//! per sequence over its own blocks. That lets one step mix prompt prefill
+//! per sequence over its own blocks (decodes on the CPU in `attn`'s kernel,
+//! reading the pool in place). That lets one step mix prompt prefill
 //! chunks and decodes of many sequences.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+use crate::attn;
 use crate::blocks::BlockId;
 use crate::config::ModelConfig;
 use crate::kv::KvPool;
@@ -200,7 +202,11 @@ impl Llama {
         let mut ids = Vec::new();
         let mut pos = Vec::new();
         let mut new_slots = Vec::new();
+        // Slots of all positions of each sequence; decodes on the CPU use
+        // the Rust kernel (`attn`), everything else SDPA over gathered slots.
+        let mut all_slots = Vec::with_capacity(seqs.len());
         let mut seq_slots = Vec::with_capacity(seqs.len());
+        let cpu_decode = dev == Device::Cpu && self.kind == Kind::Float;
         for s in seqs {
             let end = s.start + s.tokens.len() as i64;
             if (s.block_table.len() as i64) * pool.block_size() < end {
@@ -212,9 +218,28 @@ impl Llama {
             ids.extend(s.tokens.iter().map(|&t| t as i64));
             pos.extend(s.start..end);
             new_slots.extend(pool.slots(s.block_table, s.start, end));
-            seq_slots
-                .push(Tensor::from_slice(&pool.slots(s.block_table, 0, end)).f_to_device(dev)?);
+            let slots = pool.slots(s.block_table, 0, end);
+            seq_slots.push(if cpu_decode && s.tokens.len() == 1 {
+                None
+            } else {
+                Some(Tensor::from_slice(&slots).f_to_device(dev)?)
+            });
+            all_slots.push(slots);
         }
+        let mut decodes = Vec::new();
+        let mut row = 0usize;
+        for (s, slots) in seqs.iter().zip(&all_slots) {
+            if cpu_decode && s.tokens.len() == 1 {
+                decodes.push(attn::DecodeSeq { row, slots });
+            }
+            row += s.tokens.len();
+        }
+        let heads = attn::Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+        };
+        let threads = tch::get_num_threads().max(1) as usize;
         let n = ids.len() as i64;
         let ids = Tensor::from_slice(&ids).f_to_device(dev)?;
         let pos = Tensor::from_slice(&pos).f_to_device(dev)?;
@@ -237,14 +262,28 @@ impl Llama {
             // Attention runs per sequence, over exactly its own positions: a
             // sequence's result never depends on what it is batched with
             // (padded batched attention changes reduction order and rounding).
-            let mut outs = Vec::with_capacity(seqs.len());
-            let mut off = 0i64;
-            for (s, slots) in seqs.iter().zip(&seq_slots) {
-                let len = s.tokens.len() as i64;
-                outs.push(pool.attend(li, &q.f_narrow(0, off, len)?, slots, s.start)?);
-                off += len;
-            }
-            let attn = Tensor::f_cat(&outs, 0)?.f_view([n, nh * hd])?;
+            // CPU decodes go through the Rust kernel in one call; prefill
+            // chunks (and everything on CUDA) through SDPA.
+            let decoded = if decodes.is_empty() {
+                None
+            } else {
+                let qc = q.f_contiguous()?;
+                let (kc, vc) = pool.layer(li);
+                let out = attn::decode(
+                    attn::f32_view(&qc)?,
+                    attn::f32_view(kc)?,
+                    attn::f32_view(vc)?,
+                    &decodes,
+                    heads,
+                    threads,
+                );
+                Some(Tensor::from_slice(&out).f_view([decodes.len() as i64, nh, hd])?)
+            };
+            let attn = match decoded {
+                // Only decodes (the common step): the kernel's output is it.
+                Some(d) if decodes.len() == seqs.len() => d.f_view([n, nh * hd])?,
+                d => self.mixed_attention(seqs, &seq_slots, d.as_ref(), &q, li, pool)?,
+            };
             x = x.f_add(&attn.f_linear(&l.o, l.o_bias.as_ref())?)?;
             let h = rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
             let gu = h.f_linear::<Tensor>(&l.gate_up, None)?;
@@ -254,6 +293,40 @@ impl Llama {
             x = x.f_add(&g.f_mul(&u)?.f_linear::<Tensor>(&l.down, None)?)?;
         }
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
+    }
+
+    /// Attention of a step that has prefill chunks: SDPA per sequence over
+    /// its gathered slots, decodes taken from the kernel's output `decoded`.
+    fn mixed_attention(
+        &self,
+        seqs: &[SeqInput<'_>],
+        seq_slots: &[Option<Tensor>],
+        decoded: Option<&Tensor>,
+        q: &Tensor,
+        li: usize,
+        pool: &KvPool,
+    ) -> Result<Tensor, EngineError> {
+        let (nh, hd) = (self.cfg.num_heads, self.cfg.head_dim);
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut off = 0i64;
+        let mut di = 0i64;
+        for (s, slots) in seqs.iter().zip(seq_slots) {
+            let len = s.tokens.len() as i64;
+            match (slots, decoded) {
+                (Some(slots), _) => {
+                    outs.push(pool.attend(li, &q.f_narrow(0, off, len)?, slots, s.start)?)
+                }
+                (None, Some(d)) => {
+                    outs.push(d.f_narrow(0, di, 1)?);
+                    di += 1;
+                }
+                (None, None) => {
+                    return Err(EngineError::Step("decode without kernel output".into()));
+                }
+            }
+            off += len;
+        }
+        Ok(Tensor::f_cat(&outs, 0)?.f_view([off, nh * hd])?)
     }
 
     /// Logits (float32) for the given hidden-state rows [B, hidden] -> [B, vocab].

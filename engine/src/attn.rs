@@ -1,0 +1,303 @@
+//! Decode attention on the CPU, written out in Rust.
+//!
+//! A decoding sequence has one query token that attends to every key and
+//! value it has cached. Done with libtorch ops, that is an `index_select` of
+//! its slots for keys and values and one `scaled_dot_product_attention` per
+//! sequence per layer: a dozen small op dispatches that cost far more than
+//! the arithmetic (64-wide dot products). This kernel reads the paged pool in
+//! place instead: for each sequence and KV head it scores the cached keys for
+//! all query heads of the group, takes the softmax in float32, and sums the
+//! values. Each sequence's result depends only on its own query and cache,
+//! never on what it is batched with.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::EngineError;
+
+/// One decoding sequence: its query row in the packed batch and the pool
+/// slots of all its positions (the new token's slot last).
+pub(crate) struct DecodeSeq<'a> {
+    pub row: usize,
+    pub slots: &'a [i64],
+}
+
+/// Shapes of the attention.
+#[derive(Clone, Copy)]
+pub(crate) struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Borrows a contiguous float32 CPU tensor as a slice.
+#[allow(unsafe_code)]
+pub(crate) fn f32_view(t: &Tensor) -> Result<&[f32], EngineError> {
+    if t.kind() != Kind::Float || t.device() != Device::Cpu || !t.is_contiguous() {
+        return Err(EngineError::Step(format!(
+            "expected a contiguous float32 CPU tensor, got {:?} on {:?}",
+            t.kind(),
+            t.device()
+        )));
+    }
+    let n = t.numel();
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: the tensor is a contiguous float32 CPU tensor of `n` elements,
+    // so its data pointer addresses `n` initialised, aligned f32 values. The
+    // slice borrows `t`, and the storage is only written through
+    // `&mut KvPool` / fresh tensors, never while this borrow lives.
+    Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, n) })
+}
+
+/// Attention output [seqs.len(), heads, head_dim] (row-major) of each
+/// sequence's query (`q`: [rows, heads, head_dim]) over keys and values
+/// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots.
+pub(crate) fn decode(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[DecodeSeq<'_>],
+    h: Heads,
+    threads: usize,
+) -> Vec<f32> {
+    let per_seq = h.heads * h.head_dim;
+    let mut out = vec![0f32; seqs.len() * per_seq];
+    // Split the sequences across threads by the number of keys they read,
+    // but only when there is enough work to pay for spawning threads.
+    let keys: usize = seqs.iter().map(|s| s.slots.len()).sum();
+    let threads = if keys * h.kv_heads * h.head_dim < (1 << 18) {
+        1
+    } else {
+        threads.clamp(1, seqs.len().max(1))
+    };
+    if threads == 1 {
+        for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
+            one_seq(q, k, v, s, h, o);
+        }
+        return out;
+    }
+    // Contiguous runs of sequences with about equal numbers of keys.
+    let target = keys.div_ceil(threads);
+    let mut parts: Vec<(&[DecodeSeq<'_>], &mut [f32])> = Vec::with_capacity(threads);
+    let (mut rest_s, mut rest_o) = (seqs, out.as_mut_slice());
+    while !rest_s.is_empty() {
+        let mut n = 0;
+        let mut acc = 0;
+        while n < rest_s.len() && (n == 0 || acc < target) {
+            acc += rest_s[n].slots.len();
+            n += 1;
+        }
+        let (s, s2) = rest_s.split_at(n);
+        let (o, o2) = std::mem::take(&mut rest_o).split_at_mut(n * per_seq);
+        parts.push((s, o));
+        rest_s = s2;
+        rest_o = o2;
+    }
+    std::thread::scope(|sc| {
+        let mut parts = parts.into_iter();
+        let first = parts.next();
+        for (s, o) in parts {
+            sc.spawn(move || {
+                for (s, o) in s.iter().zip(o.chunks_exact_mut(per_seq)) {
+                    one_seq(q, k, v, s, h, o);
+                }
+            });
+        }
+        if let Some((s, o)) = first {
+            for (s, o) in s.iter().zip(o.chunks_exact_mut(per_seq)) {
+                one_seq(q, k, v, s, h, o);
+            }
+        }
+    });
+    out
+}
+
+/// One sequence's attention, compiled for AVX2 + FMA when the CPU has them
+/// (the choice is per machine, so results never depend on the batch).
+fn one_seq(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX2_FMA {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+        unsafe {
+            one_seq_avx2(q, k, v, s, h, out)
+        };
+        return;
+    }
+    one_seq_body(q, k, v, s, h, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+});
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn one_seq_avx2(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+    one_seq_body(q, k, v, s, h, out);
+}
+
+#[inline(always)]
+fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+    let hd = h.head_dim;
+    let group = h.heads / h.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let t = s.slots.len();
+    let mut scores = vec![0f32; group * t];
+    let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
+    for g in 0..h.kv_heads {
+        let qg = &qrow[g * group * hd..][..group * hd];
+        for (j, &slot) in s.slots.iter().enumerate() {
+            let key = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            for (i, qh) in qg.chunks_exact(hd).enumerate() {
+                scores[i * t + j] = dot(qh, key) * scale;
+            }
+        }
+        for row in scores.chunks_exact_mut(t) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for x in row.iter_mut() {
+                *x = exp(*x - max);
+            }
+            for x in row.iter() {
+                sum += *x;
+            }
+            let inv = 1.0 / sum;
+            for x in row.iter_mut() {
+                *x *= inv;
+            }
+        }
+        let og = &mut out[g * group * hd..][..group * hd];
+        og.fill(0.0);
+        for (j, &slot) in s.slots.iter().enumerate() {
+            let val = &v[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
+                axpy(oh, scores[i * t + j], val);
+            }
+        }
+    }
+}
+
+/// e^x for x <= 0 (softmax after subtracting the max), to about one ulp:
+/// x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial,
+/// scaled by 2^n through the exponent bits. Branch-free, so it vectorises.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0 / 5040.0;
+    let p = p * r + 1.0 / 720.0;
+    let p = p * r + 1.0 / 120.0;
+    let p = p * r + 1.0 / 24.0;
+    let p = p * r + 1.0 / 6.0;
+    let p = p * r + 0.5;
+    let p = p * r + 1.0;
+    let p = p * r + 1.0;
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Dot product with eight independent accumulators (vectorises).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `y += a * x`.
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The softmax exponential against the standard library's.
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0f32;
+        let mut x = -90.0f32;
+        while x <= 0.0 {
+            let (got, want) = (exp(x), x.exp());
+            let rel = if want > 1e-30 {
+                ((got - want) / want).abs()
+            } else {
+                got.abs()
+            };
+            worst = worst.max(rel);
+            x += 0.001;
+        }
+        assert!(worst < 4e-7, "worst relative error {worst}");
+    }
+
+    /// The kernel agrees with libtorch's SDPA on the gathered keys.
+    #[test]
+    fn matches_sdpa() {
+        tch::manual_seed(7);
+        let (nh, nkv, hd, slots) = (8i64, 2i64, 64i64, 64i64);
+        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let q = Tensor::randn([3, nh, hd], (Kind::Float, Device::Cpu));
+        let tables: Vec<Vec<i64>> = vec![
+            (0..17).map(|i| (i * 3) % slots).collect(),
+            vec![5],
+            (10..60).collect(),
+        ];
+        let seqs: Vec<DecodeSeq<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(row, s)| DecodeSeq { row, slots: s })
+            .collect();
+        let h = Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+        };
+        let qs = f32_view(&q).expect("q");
+        let ks = f32_view(&k).expect("k");
+        let vs = f32_view(&v).expect("v");
+        for threads in [1, 2] {
+            let got = decode(qs, ks, vs, &seqs, h, threads);
+            for (i, t) in tables.iter().enumerate() {
+                let idx = Tensor::from_slice(t);
+                let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                let vv = v.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                let qq = q.narrow(0, i as i64, 1).transpose(0, 1).unsqueeze(0);
+                let want = Tensor::scaled_dot_product_attention::<Tensor>(
+                    &qq, &kk, &vv, None, 0.0, false, None, true,
+                )
+                .squeeze_dim(0)
+                .transpose(0, 1)
+                .contiguous();
+                let want = f32_view(&want).expect("want").to_vec();
+                let per = (nh * hd) as usize;
+                let g = &got[i * per..(i + 1) * per];
+                let diff = g
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(diff < 1e-5, "seq {i} threads {threads}: max diff {diff}");
+            }
+        }
+    }
+}
