@@ -140,8 +140,40 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
     Ok(Arc::new(rt))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    passive_openmp();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+/// libtorch's OpenMP (libgomp) reads `OMP_WAIT_POLICY` once, as it loads,
+/// before `main`. By default its idle compute threads spin after every
+/// parallel op; on a server they then hold the cores that the gRPC and HTTP
+/// threads (and the shim, and clients on the same host) need to ship each
+/// token, and under any other load they fight for the CPU. Unless the user
+/// chose a policy, re-execute this binary with `OMP_WAIT_POLICY=PASSIVE`.
+#[cfg(unix)]
+fn passive_openmp() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    let err = cmd.args(args).env("OMP_WAIT_POLICY", "PASSIVE").exec();
+    eprintln!("warning: could not re-execute with OMP_WAIT_POLICY=PASSIVE: {err}");
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
