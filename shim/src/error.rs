@@ -292,7 +292,9 @@ pub fn openai_param(field: &str, api: Api) -> String {
         return rest.to_owned();
     }
     match field {
-        "input" | "text" | "token_ids" | "token_ids.ids" | "chat" => input.to_owned(),
+        "input" | "input.text" | "text" | "token_ids" | "token_ids.ids" | "chat" => {
+            input.to_owned()
+        }
         other => other.to_owned(),
     }
 }
@@ -479,6 +481,7 @@ mod tests {
             "messages[2].role"
         );
         assert_eq!(openai_param("token_ids", Api::Completions), "prompt");
+        assert_eq!(openai_param("input.text", Api::Completions), "prompt");
         assert_eq!(openai_param("input", Api::Chat), "messages");
         assert_eq!(openai_param("max_tokens", Api::Chat), "max_tokens");
         assert_eq!(openai_param("request.stop", Api::Chat), "stop");
