@@ -17,7 +17,7 @@ pub struct CommonParams {
     pub model: String,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices (1 to 128).
     pub n: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -185,7 +185,7 @@ fn text_part(part: &Value) -> Result<&str, String> {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionParams {
     pub prompt: Prompt,
-    /// Not supported yet: refused when true.
+    /// Start each choice's text (and logprobs listing) with the prompt.
     pub echo: Option<bool>,
     /// Return each token's log-probability and this many alternatives (0 to 20).
     pub logprobs: Option<u32>,

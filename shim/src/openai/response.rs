@@ -1,7 +1,8 @@
 //! Response objects: `chat.completion`, `chat.completion.chunk`,
 //! `text_completion` (whole and streamed), usage, and models.
 //!
-//! `logprobs` is always null (not supported yet). On chunks, `usage` is left
+//! `logprobs` is null unless the request asked for it (chat format or the
+//! legacy completions listing). On chunks, `usage` is left
 //! out unless the client asked for it with `stream_options.include_usage`;
 //! then it is null on every chunk but the last, as in OpenAI's API.
 
