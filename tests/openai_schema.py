@@ -12,6 +12,11 @@ completion chunks (`CompletionChunk` below) are `CreateCompletionResponse`
 with `finish_reason` and `usage` allowed to be null (every chunk but the last
 carries `finish_reason: null`; with `include_usage`, `usage: null` until the
 usage chunk, exactly as chat chunks do).
+
+A second one for `echo` with `logprobs`: the first prompt token has no
+log-probability, so its entries in the legacy listing's `token_logprobs` and
+`top_logprobs` are null, as the real API and vLLM send them (the spec's item
+types say number / object); only those two arrays' items are made nullable.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def _spec() -> dict:
         doc = yaml.load(f, Loader=loader)
     doc = _rewrite_nullable(doc)
     schemas = doc["components"]["schemas"]
+    listing = schemas[COMPLETION]["properties"]["choices"]["items"]["properties"]["logprobs"]["anyOf"][0]
+    for name in ("token_logprobs", "top_logprobs"):
+        listing["properties"][name]["items"] = _nullable(listing["properties"][name]["items"])
     chunk = copy.deepcopy(schemas[COMPLETION])
     choice = chunk["properties"]["choices"]["items"]["properties"]
     choice["finish_reason"] = _nullable(choice["finish_reason"])

@@ -95,3 +95,26 @@ def test_include_stop_str_in_output(client):
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         **base, stop=[stop], stream=True, extra_body={"include_stop_str_in_output": True}) if c.choices)
     assert streamed == kept.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_skip_special_tokens(client, stream):
+    # <|im_end|> (a special token, and EOS) forced by logit_bias; ignore_eos
+    # keeps generating it. Skipped by default, shown when asked.
+    args = dict(model=MODEL, prompt="Once upon a time", max_tokens=3, temperature=0, logit_bias={"151645": 100})
+
+    def text(**extra_body):
+        body = {"ignore_eos": True, **extra_body}
+        if not stream:
+            return client.completions.create(**args, extra_body=body).choices[0].text
+        return "".join(c.choices[0].text for c in client.completions.create(**args, stream=True, extra_body=body)
+                       if c.choices)
+
+    assert text() == ""
+    assert text(skip_special_tokens=True) == ""
+    assert text(skip_special_tokens=False) == "<|im_end|>" * 3
+    # Chat too.
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                          temperature=0, logit_bias={"151645": 100},
+                                          extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert chat.choices[0].message.content == "<|im_end|>" * 2

@@ -168,6 +168,11 @@ pub struct GenerateRequest {
     /// Report each token's log-probability and this many top alternatives
     /// (at most 20). None: no log-probabilities.
     pub logprobs: Option<u32>,
+    /// Report the log-probability of every prompt token but the first, with
+    /// this many top alternatives (at most 20), as [`Event::PromptLogprobs`].
+    /// Such a request computes its whole prompt: it takes nothing from the
+    /// shared prefix cache (and leaves nothing in it for others).
+    pub prompt_logprobs: Option<u32>,
     /// Higher runs first and is preempted last.
     pub priority: i32,
     /// Prefix-cache namespace; empty is the shared cache.
@@ -187,6 +192,7 @@ impl GenerateRequest {
             ignore_eos: false,
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
             priority: 0,
             cache_salt: String::new(),
         }
@@ -233,6 +239,10 @@ pub enum Event {
     },
     /// Log-probabilities of the token that follows (when requested).
     Logprobs(TokenLogprobs),
+    /// Log-probabilities of the next prompt tokens, in order (when
+    /// `prompt_logprobs` was requested): the first batch starts at prompt
+    /// token 1. Sent as the prompt is computed, all before `Prefilled`.
+    PromptLogprobs(Vec<TokenLogprobs>),
     Token(u32),
     Finished {
         reason: FinishReason,

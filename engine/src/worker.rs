@@ -42,7 +42,14 @@ struct Gen {
     eos: Vec<u32>,
     /// Further choices (n > 1) to fork off once the prompt is prefilled.
     forks: Vec<(mpsc::UnboundedSender<Event>, Sampler)>,
+    /// With `prompt_logprobs`: prompt positions whose next token's
+    /// log-probability was sent (kept across preemption, so none is sent twice).
+    prompt_lp_done: usize,
 }
+
+/// Rows of prompt positions converted to logits at once (bounds the memory
+/// of `prompt_logprobs` on a long prefill chunk).
+const PROMPT_LP_ROWS: usize = 64;
 
 /// Sends the token's log-probabilities first, when the request asked.
 fn send_logprobs(g: &Gen, row: &[f32], tok: u32) {
@@ -261,8 +268,13 @@ impl Worker {
             Command::Add { req, mut events } => {
                 let id = self.next_id;
                 self.next_id += 1;
-                let seq =
-                    SeqState::new(id, req.priority, req.prompt.clone(), req.cache_salt.clone());
+                // Prompt logprobs need every prompt position computed: a salt
+                // of its own keeps the request off the shared prefix cache.
+                let salt = match req.prompt_logprobs {
+                    Some(_) => format!("\u{0}prompt-logprobs-{id}\u{0}{}", req.cache_salt),
+                    None => req.cache_salt.clone(),
+                };
+                let seq = SeqState::new(id, req.priority, req.prompt.clone(), salt);
                 self.waiting.push(seq);
                 // Choice i samples with seed + i: choices differ, each reproducible.
                 let sampler_for = |i: u64| {
@@ -285,6 +297,7 @@ impl Worker {
                         events: first,
                         generated: 0,
                         forks,
+                        prompt_lp_done: 0,
                     },
                 );
             }
@@ -332,9 +345,22 @@ impl Worker {
         let mut inputs = Vec::with_capacity(runs.len());
         let mut rows = Vec::new();
         let mut sampled = Vec::new();
+        // (sequence, hidden row, the prompt token that row predicts)
+        let mut prompt_rows: Vec<(u64, i64, u32)> = Vec::new();
         let mut row = 0i64;
         for &(id, n) in runs {
             let s = &self.running[pos[&id]];
+            if let Some(g) = self
+                .gens
+                .get(&id)
+                .filter(|g| g.req.prompt_logprobs.is_some())
+            {
+                let prompt_len = g.req.prompt.len();
+                for p in s.computed.max(g.prompt_lp_done)..(s.computed + n).min(prompt_len - 1) {
+                    let r = row + (p - s.computed) as i64;
+                    prompt_rows.push((id, r, g.req.prompt[p + 1]));
+                }
+            }
             inputs.push(SeqInput {
                 tokens: &s.tokens[s.computed..s.computed + n],
                 start: s.computed as i64,
@@ -352,6 +378,9 @@ impl Worker {
             let s = &mut self.running[pos[&id]];
             s.computed += n;
             self.sched.register_full_blocks(s);
+        }
+        if !prompt_rows.is_empty() {
+            self.send_prompt_logprobs(&hidden, &prompt_rows)?;
         }
         if sampled.is_empty() {
             return Ok(());
@@ -401,6 +430,7 @@ impl Worker {
                     generated: 0,
                     eos: g.eos.clone(),
                     forks: Vec::new(),
+                    prompt_lp_done: g.prompt_lp_done,
                 };
                 let tok = cg.sampler.sample(row, &suppressed(&cg));
                 send_logprobs(&cg, row, tok);
@@ -433,6 +463,54 @@ impl Worker {
                 };
                 let _ = g.events.send(Event::Finished { reason, usage });
             }
+        }
+        Ok(())
+    }
+
+    /// Log-probabilities of prompt tokens computed this step (see
+    /// `GenerateRequest::prompt_logprobs`), sent to every choice.
+    fn send_prompt_logprobs(
+        &mut self,
+        hidden: &Tensor,
+        rows: &[(u64, i64, u32)],
+    ) -> Result<(), EngineError> {
+        let mut per_seq: Vec<(u64, Vec<crate::TokenLogprobs>)> = Vec::new();
+        for part in rows.chunks(PROMPT_LP_ROWS) {
+            let idx: Vec<i64> = part.iter().map(|r| r.1).collect();
+            let idx = Tensor::from_slice(&idx).f_to_device(self.model.device)?;
+            let logits = self
+                .model
+                .logits(&hidden.f_index_select(0, &idx)?)?
+                .f_to_device(Device::Cpu)?;
+            let vocab = logits.size()[1] as usize;
+            let numel = logits.numel();
+            let mut flat = vec![0f32; numel];
+            logits.f_copy_data(&mut flat, numel)?;
+            for (i, &(id, _, target)) in part.iter().enumerate() {
+                let Some(g) = self.gens.get(&id) else {
+                    continue;
+                };
+                let k = g
+                    .req
+                    .prompt_logprobs
+                    .unwrap_or(0)
+                    .min(crate::MAX_TOP_LOGPROBS) as usize;
+                let lp = crate::sampler::logprobs(&flat[i * vocab..(i + 1) * vocab], target, k);
+                match per_seq.last_mut() {
+                    Some((last, list)) if *last == id => list.push(lp),
+                    _ => per_seq.push((id, vec![lp])),
+                }
+            }
+        }
+        for (id, list) in per_seq {
+            let Some(g) = self.gens.get_mut(&id) else {
+                continue;
+            };
+            g.prompt_lp_done += list.len();
+            for (events, _) in &g.forks {
+                let _ = events.send(Event::PromptLogprobs(list.clone()));
+            }
+            let _ = g.events.send(Event::PromptLogprobs(list));
         }
         Ok(())
     }

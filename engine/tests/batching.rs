@@ -58,7 +58,7 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Prefilled { cached_tokens } => cached = cached_tokens,
-            Event::Logprobs(_) => {}
+            Event::Logprobs(_) | Event::PromptLogprobs(_) => {}
             Event::Token(t) => tokens.push(t),
             Event::Finished { reason, usage } => {
                 assert_eq!(usage.completion_tokens as usize, tokens.len());
@@ -307,4 +307,53 @@ fn parallel_choices_share_the_prompt_without_corrupting_each_other() {
     // Only one sequence was admitted with the prompt; the others were forked.
     assert_eq!(s.prefix_query_tokens_total, 40);
     assert!(e.submit_n(req, 0).is_err());
+}
+
+/// Every prompt log-probability event of a request, in order, and its cached count.
+async fn prompt_logprobs_of(mut rx: UnboundedReceiver<Event>) -> (Vec<(u32, f32)>, u32) {
+    let mut out = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::PromptLogprobs(list) => out.extend(list.iter().map(|l| (l.token, l.logprob))),
+            Event::Finished { usage, .. } => return (out, usage.cached_tokens),
+            Event::Failed(e) => panic!("request failed: {e}"),
+            _ => {}
+        }
+    }
+    panic!("event stream ended without Finished");
+}
+
+#[test]
+fn prompt_logprobs_cover_every_prompt_token_chunked_cached_or_not() {
+    let p = prompt(11, 45);
+    let with_lp = |p: Vec<u32>| GenerateRequest {
+        prompt_logprobs: Some(2),
+        ..greedy(p, 2)
+    };
+    let rt = rt();
+    let whole = engine(|_| {});
+    let (reference, cached) = rt.block_on(prompt_logprobs_of(
+        whole.submit(with_lp(p.clone())).expect("submit"),
+    ));
+    assert_eq!(cached, 0);
+    let ids: Vec<u32> = reference.iter().map(|r| r.0).collect();
+    assert_eq!(ids, p[1..], "one entry per prompt token but the first");
+    // Chunked prefill (7 tokens a step) beside another request, after the
+    // same prompt was cached by a request without prompt logprobs.
+    let chunked = engine(|o| o.token_budget = 7);
+    let warm = rt.block_on(collect(
+        chunked.submit(greedy(p.clone(), 2)).expect("submit"),
+    ));
+    assert_eq!(warm.cached, 0);
+    let other = chunked.submit(greedy(prompt(12, 30), 4)).expect("submit");
+    let (got, cached) = rt.block_on(prompt_logprobs_of(
+        chunked.submit(with_lp(p.clone())).expect("submit"),
+    ));
+    rt.block_on(collect(other));
+    assert_eq!(cached, 0, "prompt logprobs skip the prefix cache");
+    assert_eq!(got.len(), reference.len());
+    for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+        assert_eq!(a.0, b.0, "position {i}");
+        assert!((a.1 - b.1).abs() < 1e-4, "position {i}: {} vs {}", a.1, b.1);
+    }
 }

@@ -118,7 +118,8 @@ fn greedy_continuations_match_transformers_under_batching() {
                 while let Some(ev) = rx.recv().await {
                     match ev {
                         Event::Token(t) => toks.push(t),
-                        Event::Prefilled { .. } | Event::Logprobs(_) => {}
+                        Event::Prefilled { .. } | Event::Logprobs(_) | Event::PromptLogprobs(_) => {
+                        }
                         Event::Finished { usage, .. } => {
                             assert_eq!(usage.completion_tokens as usize, toks.len());
                             break;

@@ -20,6 +20,14 @@ pub enum ServiceError {
         reason: &'static str,
         message: String,
     },
+    /// A valid request this model cannot serve (e.g. chat input for a model
+    /// without a chat template): FAILED_PRECONDITION.
+    #[error("{message}")]
+    Unservable {
+        field: String,
+        reason: &'static str,
+        message: String,
+    },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     #[error(transparent)]
@@ -53,6 +61,16 @@ impl ServiceError {
                 message,
             } => (
                 Code::InvalidArgument,
+                reason,
+                Some(field.clone()),
+                message.clone(),
+            ),
+            Self::Unservable {
+                field,
+                reason,
+                message,
+            } => (
+                Code::FailedPrecondition,
                 reason,
                 Some(field.clone()),
                 message.clone(),

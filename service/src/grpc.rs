@@ -151,6 +151,7 @@ async fn run(
     let mut generated = 0u32;
     let mut cached = 0u32;
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
+    let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
     let usage = |completion, cached| v1::Usage {
         prompt_tokens,
         completion_tokens: completion,
@@ -191,6 +192,27 @@ async fn run(
         let msg = match ev {
             Some(Event::Prefilled { cached_tokens }) => {
                 cached = cached_tokens;
+                let Some(text) = p.echo.clone() else {
+                    continue;
+                };
+                let first_token = match p.engine_req.prompt_logprobs {
+                    Some(_) => p.engine_req.prompt.first().map_or_else(String::new, |&t| {
+                        tok.decode(&[t], false).unwrap_or_default()
+                    }),
+                    None => String::new(),
+                };
+                event(
+                    &tag,
+                    Ev::Prompt(v1::PromptEcho {
+                        text,
+                        token_ids: p.engine_req.prompt.clone(),
+                        logprobs: std::mem::take(&mut prompt_logprobs),
+                        first_token,
+                    }),
+                )
+            }
+            Some(Event::PromptLogprobs(list)) => {
+                prompt_logprobs.extend(list.into_iter().map(|lp| token_logprob(&tok, lp)));
                 continue;
             }
             Some(Event::Logprobs(lp)) => {

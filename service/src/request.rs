@@ -23,6 +23,9 @@ pub struct Prepared {
     pub skip_special: bool,
     /// Choices to generate.
     pub n: u32,
+    /// The prompt's text, when the request asked for it back (`echo` or
+    /// `prompt_logprobs`).
+    pub echo: Option<String>,
 }
 
 /// The model a request names; empty means the first one.
@@ -120,6 +123,30 @@ fn value_to_json(v: &prost_types::Value) -> serde_json::Value {
 
 /// Prompt token ids of a request's input (blocking: tokenizes).
 pub fn prompt_ids(model: &ModelRuntime, input: Option<&Input>) -> Result<Vec<u32>, ServiceError> {
+    prompt_with_text(model, input).map(|(ids, _)| ids)
+}
+
+/// Prompt token ids and, for text and chat input, the text that was
+/// tokenized (for chat: the rendered template).
+fn prompt_with_text(
+    model: &ModelRuntime,
+    input: Option<&Input>,
+) -> Result<(Vec<u32>, Option<String>), ServiceError> {
+    if let Some(Input::Chat(chat)) = input {
+        let text = render_chat_input(model, chat)?;
+        return Ok((model.encode(&text, false)?, Some(text)));
+    }
+    let text = match input {
+        Some(Input::Text(t)) => Some(t.clone()),
+        _ => None,
+    };
+    Ok((prompt_ids_of_raw(model, input)?, text))
+}
+
+fn prompt_ids_of_raw(
+    model: &ModelRuntime,
+    input: Option<&Input>,
+) -> Result<Vec<u32>, ServiceError> {
     match input {
         None => Err(ServiceError::invalid(
             "input",
@@ -224,7 +251,7 @@ fn sampling(
 /// Validates a request and builds the engine request (blocking: tokenizes).
 pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepared, ServiceError> {
     let model = resolve(models, &req.model)?;
-    let prompt = prompt_ids(&model, req.input.as_ref())?;
+    let (prompt, prompt_text) = prompt_with_text(&model, req.input.as_ref())?;
     let sampling = sampling(&model, req.sampling.as_ref())?;
     if req.stop.len() > MAX_STOP_STRINGS {
         return Err(ServiceError::invalid(
@@ -268,6 +295,28 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             ),
         ));
     }
+    if let Some(k) = req
+        .prompt_logprobs
+        .filter(|&k| k > gyre_engine::MAX_TOP_LOGPROBS)
+    {
+        return Err(ServiceError::invalid(
+            "prompt_logprobs",
+            "OUT_OF_RANGE",
+            format!(
+                "at most {} top prompt logprobs, got {k}",
+                gyre_engine::MAX_TOP_LOGPROBS
+            ),
+        ));
+    }
+    let skip_special = req.skip_special_tokens.unwrap_or(true);
+    let echo = if req.echo || req.prompt_logprobs.is_some() {
+        Some(match prompt_text {
+            Some(text) => text,
+            None => model.decode(&prompt, skip_special)?,
+        })
+    } else {
+        None
+    };
     let min_tokens = req.min_tokens.unwrap_or(0);
     if min_tokens > max_tokens {
         return Err(ServiceError::invalid(
@@ -284,6 +333,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         ignore_eos: req.ignore_eos,
         min_tokens,
         logprobs,
+        prompt_logprobs: req.prompt_logprobs,
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
     };
@@ -292,7 +342,8 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         engine_req,
         stop: req.stop.clone(),
         include_stop: req.include_stop_str_in_output,
-        skip_special: req.skip_special_tokens.unwrap_or(true),
+        skip_special,
         n: req.n.unwrap_or(1),
+        echo,
     })
 }

@@ -151,14 +151,14 @@ impl ModelRuntime {
         continue_final_message: bool,
     ) -> Result<String, ServiceError> {
         let Some(t) = &self.template else {
-            return Err(ServiceError::invalid(
-                "chat",
-                "NO_CHAT_TEMPLATE",
-                format!(
+            return Err(ServiceError::Unservable {
+                field: "chat".into(),
+                reason: "NO_CHAT_TEMPLATE",
+                message: format!(
                     "the model `{}` has no chat template; send text input instead",
                     self.id
                 ),
-            ));
+            });
         };
         if messages.is_empty() {
             return Err(ServiceError::invalid(

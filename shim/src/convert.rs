@@ -3,7 +3,7 @@
 //!
 //! Range checks of sampling values are the service's (it answers
 //! INVALID_ARGUMENT with the field, mapped back to `param`); the shim refuses
-//! only what the proto cannot express: n > 1, logprobs, tools, echo, ...
+//! only what gyre does not offer: tools, response formats, suffix, best_of.
 
 use gyre_api::v1 as pb;
 use serde_json::Value;
@@ -11,16 +11,22 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::extract::{fields, require};
 use crate::openai::request::{ChatParams, CommonParams, CompletionParams, Prompt};
+use crate::sse::Annotation;
 
 /// Roles a chat message may have (see `gyre.v1.ChatMessage.role`).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// How to answer: one JSON object, or SSE chunks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamMode {
     pub stream: bool,
     /// Send a usage chunk before `[DONE]` (only when streaming).
     pub include_usage: bool,
+    /// Completions `echo`: each choice's text starts with the prompt.
+    pub echo: bool,
+    /// `nvext.annotations` gyre knows, to send as SSE events (only when
+    /// streaming).
+    pub annotations: Vec<Annotation>,
 }
 
 /// A parsed `/v1/chat/completions` body.
@@ -66,14 +72,27 @@ impl ChatRequest {
             let what = format!("response_format of type '{}'", format.kind);
             return Err(ApiError::unsupported("response_format", &what));
         }
-        let messages = chat_messages(chat.messages)?;
+        let mut messages = chat_messages(chat.messages)?;
         let logprobs_k = logprobs;
-        let input = pb::request::Input::Chat(pb::ChatInput {
-            messages,
-            add_generation_prompt: chat.add_generation_prompt,
-            continue_final_message: chat.continue_final_message,
-            chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
-        });
+        let raw = self
+            .common
+            .nvext
+            .as_ref()
+            .and_then(|x| x.use_raw_prompt)
+            .unwrap_or(false);
+        let input = match messages.pop() {
+            // nvext.use_raw_prompt: the last message's content, untemplated.
+            Some(last) if raw => pb::request::Input::Text(last.content),
+            last => {
+                messages.extend(last);
+                pb::request::Input::Chat(pb::ChatInput {
+                    messages,
+                    add_generation_prompt: chat.add_generation_prompt,
+                    continue_final_message: chat.continue_final_message,
+                    chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
+                })
+            }
+        };
         let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
         request.logprobs = logprobs_k;
         Ok((request, mode))
@@ -156,9 +175,7 @@ impl CompletionRequest {
     /// The proto requests (one per prompt) and how to answer.
     pub fn into_protos(self, request_id: &str) -> Result<(Vec<pb::Request>, StreamMode), ApiError> {
         let c = self.completion;
-        if c.echo == Some(true) {
-            return Err(ApiError::unsupported("echo", "echo"));
-        }
+        let echo = c.echo.unwrap_or(false);
         if c.logprobs.is_some_and(|k| k > 20) {
             return Err(ApiError::invalid_request(
                 "logprobs must be between 0 and 20.",
@@ -189,8 +206,12 @@ impl CompletionRequest {
             .next()
             .map(input)
             .unwrap_or(pb::request::Input::Text(String::new()));
-        let (mut request, mode) = common_to_proto(self.common, request_id, first)?;
+        let (mut request, mut mode) = common_to_proto(self.common, request_id, first)?;
         request.logprobs = logprobs_k;
+        // echo with logprobs lists the prompt's tokens too, as OpenAI does.
+        request.echo |= echo;
+        mode.echo = echo;
+        request.prompt_logprobs = logprobs_k.filter(|_| echo);
         // One gRPC request per prompt, the same but for input and id.
         let mut requests = vec![request.clone()];
         for (i, p) in prompts.enumerate() {
@@ -203,11 +224,70 @@ impl CompletionRequest {
     }
 }
 
+/// Folds `nvext` into the top-level fields: a field given in both places
+/// must have the same value (else 400 naming `nvext.<field>`). Returns the
+/// annotations gyre knows (unknown names are ignored, as Dynamo does).
+fn apply_nvext(common: &mut CommonParams) -> Result<Vec<Annotation>, ApiError> {
+    let Some(ext) = common.nvext.take() else {
+        return Ok(Vec::new());
+    };
+    merge(&mut common.ignore_eos, ext.ignore_eos, "ignore_eos")?;
+    merge(&mut common.top_k, ext.top_k, "top_k")?;
+    merge(
+        &mut common.repetition_penalty,
+        ext.repetition_penalty,
+        "repetition_penalty",
+    )?;
+    if ext.greedy_sampling == Some(true) {
+        if common.temperature.is_some_and(|t| t != 0.0) {
+            return Err(ApiError::invalid_request(
+                "nvext.greedy_sampling asks for greedy sampling, which conflicts with a non-zero temperature.",
+                Some("nvext.greedy_sampling"),
+            ));
+        }
+        common.temperature = Some(0.0);
+    }
+    let mut annotations = Vec::new();
+    for a in ext
+        .annotations
+        .iter()
+        .flatten()
+        .filter_map(|a| Annotation::parse(a))
+    {
+        if !annotations.contains(&a) {
+            annotations.push(a);
+        }
+    }
+    Ok(annotations)
+}
+
+/// Sets `top` from the `nvext` value `ext` unless they conflict.
+fn merge<T: PartialEq + Copy + std::fmt::Debug>(
+    top: &mut Option<T>,
+    ext: Option<T>,
+    name: &str,
+) -> Result<(), ApiError> {
+    match (*top, ext) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::invalid_request(
+            format!(
+                "nvext.{name} ({b:?}) conflicts with {name} ({a:?}): give one, or the same value."
+            ),
+            Some(&format!("nvext.{name}")),
+        )),
+        (_, Some(b)) => {
+            *top = Some(b);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 fn common_to_proto(
-    common: CommonParams,
+    mut common: CommonParams,
     request_id: &str,
     input: pb::request::Input,
 ) -> Result<(pb::Request, StreamMode), ApiError> {
+    let annotations = apply_nvext(&mut common)?;
     let top_k = match common.top_k {
         None => None,
         Some(-1 | 0) => Some(0),
@@ -219,6 +299,12 @@ fn common_to_proto(
         })?),
     };
     let stream = common.stream.unwrap_or(false);
+    if common.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid_request(
+            "stream_options can only be given when stream is true.",
+            Some("stream_options"),
+        ));
+    }
     let mode = StreamMode {
         stream,
         include_usage: stream
@@ -227,6 +313,8 @@ fn common_to_proto(
                 .as_ref()
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+        echo: false,
+        annotations: if stream { annotations } else { Vec::new() },
     };
     let mut logit_bias = std::collections::HashMap::new();
     for (key, bias) in common.logit_bias.unwrap_or_default() {
@@ -255,6 +343,9 @@ fn common_to_proto(
         }),
         min_tokens: common.min_tokens,
         logprobs: None,
+        // The prompt annotations are read from the service's prompt echo.
+        echo: !mode.annotations.is_empty(),
+        prompt_logprobs: None,
         include_stop_str_in_output: common.include_stop_str_in_output.unwrap_or(false),
         clamp_max_tokens: common.clamp_max_tokens.unwrap_or(false),
         max_tokens: common.max_completion_tokens.or(common.max_tokens),
@@ -307,7 +398,8 @@ mod tests {
             mode,
             StreamMode {
                 stream: true,
-                include_usage: true
+                include_usage: true,
+                ..StreamMode::default()
             }
         );
         assert_eq!(req.request_id, "id-1");
@@ -332,13 +424,7 @@ mod tests {
         let (req, mode) =
             chat(json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
                 .expect("valid");
-        assert_eq!(
-            mode,
-            StreamMode {
-                stream: false,
-                include_usage: false
-            }
-        );
+        assert_eq!(mode, StreamMode::default());
         assert_eq!(req.sampling, Some(pb::SamplingParams::default()));
         assert_eq!(req.max_tokens, None);
         assert!(req.stop.is_empty());
@@ -428,7 +514,6 @@ mod tests {
             (json!({"model": "m", "prompt": ["a", 2]}), "prompt"),
             (json!({"model": "m", "prompt": [[]]}), "prompt"),
             (json!({"model": "m", "prompt": {}}), "prompt"),
-            (json!({"model": "m", "prompt": "x", "echo": true}), "echo"),
             (
                 json!({"model": "m", "prompt": "x", "logprobs": 21}),
                 "logprobs",
@@ -460,6 +545,16 @@ mod tests {
         let (req, _) =
             completion(json!({"model": "m", "prompt": "x", "logprobs": 5})).expect("valid");
         assert_eq!(req.logprobs, Some(5));
+        assert_eq!((req.echo, req.prompt_logprobs), (false, None));
+    }
+
+    #[test]
+    fn echo_asks_for_the_prompt_and_its_logprobs() {
+        let (req, _) = completion(json!({"model": "m", "prompt": "x", "echo": true})).expect("ok");
+        assert_eq!((req.echo, req.prompt_logprobs), (true, None));
+        let body = json!({"model": "m", "prompt": "x", "echo": true, "logprobs": 2});
+        let (req, _) = completion(body).expect("ok");
+        assert_eq!((req.echo, req.prompt_logprobs), (true, Some(2)));
     }
 
     #[test]

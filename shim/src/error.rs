@@ -195,7 +195,9 @@ impl ApiError {
 /// The one exhaustive mapping of gRPC codes (see docs/ARCHITECTURE.md). Codes
 /// outside the architecture's table follow google.rpc.Code's documented HTTP
 /// mapping, except CANCELLED: the shim's own client never cancels a call it
-/// still answers, so a cancelled call was stopped by the server (503).
+/// still answers, so a cancelled call was stopped by the server (503); and
+/// FAILED_PRECONDITION, which gyre uses for a valid request the model cannot
+/// serve (422, where malformed or out-of-range input is 400).
 fn map_code(
     code: Code,
     message: &str,
@@ -215,9 +217,11 @@ fn map_code(
         ApiError::new(status, kind, generic)
     };
     match code {
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+        Code::InvalidArgument | Code::OutOfRange => {
             client(StatusCode::BAD_REQUEST, INVALID_REQUEST)
         }
+        // A valid request this model cannot serve (no chat template).
+        Code::FailedPrecondition => client(StatusCode::UNPROCESSABLE_ENTITY, INVALID_REQUEST),
         Code::NotFound => client(StatusCode::NOT_FOUND, INVALID_REQUEST)
             .with_param(Some("model".into()))
             .with_code(Some("model_not_found".into())),
@@ -292,7 +296,9 @@ pub fn openai_param(field: &str, api: Api) -> String {
         return rest.to_owned();
     }
     match field {
-        "input" | "text" | "token_ids" | "token_ids.ids" | "chat" => input.to_owned(),
+        "input" | "input.text" | "text" | "token_ids" | "token_ids.ids" | "chat" => {
+            input.to_owned()
+        }
         other => other.to_owned(),
     }
 }
@@ -377,7 +383,11 @@ mod tests {
                 S::TOO_MANY_REQUESTS,
                 "rate_limit_error",
             ),
-            (Code::FailedPrecondition, S::BAD_REQUEST, INVALID_REQUEST),
+            (
+                Code::FailedPrecondition,
+                S::UNPROCESSABLE_ENTITY,
+                INVALID_REQUEST,
+            ),
             (Code::Aborted, S::CONFLICT, INVALID_REQUEST),
             (Code::OutOfRange, S::BAD_REQUEST, INVALID_REQUEST),
             (Code::Unimplemented, S::NOT_IMPLEMENTED, SERVER_ERROR),
@@ -479,6 +489,7 @@ mod tests {
             "messages[2].role"
         );
         assert_eq!(openai_param("token_ids", Api::Completions), "prompt");
+        assert_eq!(openai_param("input.text", Api::Completions), "prompt");
         assert_eq!(openai_param("input", Api::Chat), "messages");
         assert_eq!(openai_param("max_tokens", Api::Chat), "max_tokens");
         assert_eq!(openai_param("request.stop", Api::Chat), "stop");

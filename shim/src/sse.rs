@@ -9,6 +9,12 @@
 //!
 //! The event stream owns the [`Generation`] (no spawned task), so when the
 //! client disconnects and the body is dropped, the gRPC call is cancelled.
+//!
+//! `nvext.annotations` add named events (`event: formatted_prompt`,
+//! `event: token_ids`) before a prompt's first text: their data is a chunk of
+//! the endpoint's object with `choices: []` and an `nvext` member
+//! `{"annotation", "index", "value"}`, so that clients which ignore event
+//! names (the OpenAI SDK) read it as one more chunk without choices.
 
 use std::convert::Infallible;
 
@@ -20,6 +26,51 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::openai::response::Usage;
 use crate::upstream::{Merged, Step};
+use gyre_api::v1::PromptEcho;
+
+/// An out-of-band SSE event a stream may ask for in `nvext.annotations`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Annotation {
+    /// The prompt as the model saw it, as text (chat: the rendered template).
+    FormattedPrompt,
+    /// The prompt's token ids.
+    TokenIds,
+}
+
+impl Annotation {
+    /// The annotation of this name; `None` for names gyre does not know.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "formatted_prompt" => Some(Self::FormattedPrompt),
+            "token_ids" => Some(Self::TokenIds),
+            _ => None,
+        }
+    }
+
+    /// The SSE event name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FormattedPrompt => "formatted_prompt",
+            Self::TokenIds => "token_ids",
+        }
+    }
+
+    fn value(self, echo: &PromptEcho) -> serde_json::Value {
+        match self {
+            Self::FormattedPrompt => echo.text.clone().into(),
+            Self::TokenIds => echo.token_ids.clone().into(),
+        }
+    }
+}
+
+/// The annotations of a stream and how to number them.
+#[derive(Debug, Clone, Default)]
+pub struct Annotations {
+    pub list: Vec<Annotation>,
+    /// Choices per prompt: a prompt's annotations are sent once, for its
+    /// first choice (`index` is that choice's).
+    pub per_prompt: u32,
+}
 
 /// How one endpoint shapes its chunks.
 pub trait ChunkFormat: Send + 'static {
@@ -27,6 +78,10 @@ pub trait ChunkFormat: Send + 'static {
     fn opening(&self, index: u32) -> Option<Event>;
     /// A chunk carrying new text of choice `index` and its tokens' logprobs.
     fn text(&mut self, index: u32, text: &str, logprobs: &[gyre_api::v1::TokenLogprob]) -> Event;
+    /// The chunk carrying the prompt sent back for choice `index` (`echo`).
+    fn echo(&mut self, index: u32, echo: &PromptEcho) -> Option<Event>;
+    /// A chunk without choices, as JSON, for annotation events to extend.
+    fn empty_chunk(&self) -> serde_json::Value;
     /// The chunk carrying choice `index`'s `finish_reason`.
     fn finish(&self, index: u32, reason: &'static str) -> Event;
     /// The usage-only chunk, or `None` when the client did not ask for it.
@@ -47,8 +102,13 @@ pub fn error_event(error: &ApiError) -> Event {
 
 /// The SSE response for a started generation. `X-Accel-Buffering: no` asks
 /// reverse proxies such as nginx to pass chunks on as they come.
-pub fn response<F: ChunkFormat>(generation: Merged, n: u32, format: F) -> Response {
-    let sse = Sse::new(events(generation, n, format)).keep_alive(KeepAlive::default());
+pub fn response<F: ChunkFormat>(
+    generation: Merged,
+    n: u32,
+    annotations: Annotations,
+    format: F,
+) -> Response {
+    let sse = Sse::new(events(generation, n, annotations, format)).keep_alive(KeepAlive::default());
     ([("x-accel-buffering", "no")], sse).into_response()
 }
 
@@ -56,12 +116,14 @@ pub fn response<F: ChunkFormat>(generation: Merged, n: u32, format: F) -> Respon
 pub fn events<F: ChunkFormat>(
     generation: Merged,
     n: u32,
+    annotations: Annotations,
     format: F,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
     let driver = Driver {
         opening: (0..n.max(1)).filter_map(|i| format.opening(i)).collect(),
         generation,
         format,
+        annotations,
         done: false,
     };
     stream::unfold(driver, |mut driver| async move {
@@ -75,6 +137,7 @@ struct Driver<F> {
     opening: Vec<Event>,
     generation: Merged,
     format: F,
+    annotations: Annotations,
     done: bool,
 }
 
@@ -93,6 +156,20 @@ impl<F: ChunkFormat> Driver<F> {
                 text,
                 logprobs,
             }) => Some(vec![self.format.text(index, &text, &logprobs)]),
+            Ok(Step::Echo { index, echo }) => {
+                let mut events = Vec::new();
+                if index % self.annotations.per_prompt.max(1) == 0 {
+                    for &a in &self.annotations.list {
+                        let mut chunk = self.format.empty_chunk();
+                        chunk["nvext"] = serde_json::json!({
+                            "annotation": a.name(), "index": index, "value": a.value(&echo),
+                        });
+                        events.push(Event::default().event(a.name()).data(chunk.to_string()));
+                    }
+                }
+                events.extend(self.format.echo(index, &echo));
+                Some(events)
+            }
             Ok(Step::Finished { index, reason }) => Some(vec![self.format.finish(index, reason)]),
             Ok(Step::End { usage }) => {
                 self.done = true;

@@ -60,6 +60,9 @@ pub enum Step {
         text: String,
         logprobs: Vec<pb::TokenLogprob>,
     },
+    /// The prompt sent back for choice `index` (the request asked for
+    /// `echo`), before any of its text.
+    Echo { index: u32, echo: pb::PromptEcho },
     /// Choice `index` ended with OpenAI's `finish_reason`.
     Finished { index: u32, reason: &'static str },
     /// Every choice ended: token counts (prompt once, completions summed).
@@ -86,6 +89,8 @@ pub struct Generation {
 pub struct Collected {
     /// Text, finish reason and token logprobs of each choice, by index.
     pub choices: Vec<(String, &'static str, Vec<pb::TokenLogprob>)>,
+    /// The prompt sent back for each choice, when the request asked for it.
+    pub echoes: Vec<Option<pb::PromptEcho>>,
     pub usage: Usage,
 }
 
@@ -157,6 +162,7 @@ impl Generation {
                         logprobs: delta.logprobs,
                     });
                 }
+                Some(Event::Prompt(echo)) => return Ok(Step::Echo { index, echo }),
                 // Token ids without text, or an event this shim does not know.
                 Some(Event::Delta(_)) | None => {}
                 Some(Event::Finish(finish)) => {
@@ -242,6 +248,12 @@ impl Merged {
                         logprobs,
                     });
                 }
+                Step::Echo { index, echo } => {
+                    return Ok(Step::Echo {
+                        index: base + index,
+                        echo,
+                    });
+                }
                 Step::Finished { index, reason } => {
                     return Ok(Step::Finished {
                         index: base + index,
@@ -266,6 +278,7 @@ impl Merged {
     /// Reads every generation to its end: choices in merged index order.
     pub async fn collect(mut self, choices: u32) -> Result<Collected, ApiError> {
         let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
+        let mut echoes = vec![None; choices as usize];
         loop {
             match self.next().await? {
                 Step::Text {
@@ -279,6 +292,11 @@ impl Merged {
                     c.0.push_str(&text);
                     c.2.extend(logprobs);
                 }
+                Step::Echo { index, echo } => {
+                    if let Some(e) = echoes.get_mut(index as usize) {
+                        *e = Some(echo);
+                    }
+                }
                 Step::Finished { index, reason } => {
                     if let Some(c) = out.get_mut(index as usize) {
                         c.1 = reason;
@@ -287,6 +305,7 @@ impl Merged {
                 Step::End { usage } => {
                     return Ok(Collected {
                         choices: out,
+                        echoes,
                         usage,
                     });
                 }

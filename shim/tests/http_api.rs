@@ -11,6 +11,7 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tonic::Code;
 use tower::ServiceExt;
 
 /// Guards against hangs only; nothing asserts on elapsed time.
@@ -321,6 +322,101 @@ async fn service_errors_map_to_http() {
     .await;
     assert_eq!(e["code"], "context_length_exceeded");
     assert_eq!(e["param"], "messages");
+}
+
+/// Every gRPC code the service may answer becomes one HTTP status and OpenAI
+/// error type, streaming or not, with all four keys (see docs/ARCHITECTURE.md).
+#[tokio::test]
+async fn every_grpc_code_maps_through_the_router() {
+    let h = harness(None).await;
+    let table = [
+        (
+            Code::Cancelled,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+        ),
+        (
+            Code::Unknown,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+        ),
+        (
+            Code::InvalidArgument,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            Code::DeadlineExceeded,
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+        ),
+        (
+            Code::NotFound,
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+        ),
+        (
+            Code::AlreadyExists,
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+        ),
+        (
+            Code::PermissionDenied,
+            StatusCode::FORBIDDEN,
+            "permission_error",
+        ),
+        (
+            Code::ResourceExhausted,
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+        ),
+        (
+            Code::FailedPrecondition,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request_error",
+        ),
+        (Code::Aborted, StatusCode::CONFLICT, "invalid_request_error"),
+        (
+            Code::OutOfRange,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            Code::Unimplemented,
+            StatusCode::NOT_IMPLEMENTED,
+            "server_error",
+        ),
+        (
+            Code::Internal,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+        ),
+        (
+            Code::Unavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+        ),
+        (
+            Code::DataLoss,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+        ),
+        (
+            Code::Unauthenticated,
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+        ),
+    ];
+    for (code, status, kind) in table {
+        for stream in [false, true] {
+            let model = format!("code-{}", code as i32);
+            let response = h
+                .post("/v1/chat/completions", chat_body(&model, stream))
+                .await;
+            let e = error_of(response, status).await;
+            assert_eq!(e["type"], kind, "{code:?}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -74,7 +74,7 @@ async fn read(
                         return Outcome::Cancelled; // dropping `stream` cancels
                     }
                 }
-                Some(Event::Delta(_)) | None => {}
+                Some(Event::Delta(_) | Event::Prompt(_)) | None => {}
                 Some(Event::Finish(finish)) => {
                     if let Some(usage) = finish.usage {
                         record.tokens = usage.completion_tokens;

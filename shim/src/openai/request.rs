@@ -17,7 +17,7 @@ pub struct CommonParams {
     pub model: String,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Number of choices; only 1 is supported.
+    /// Number of choices (1 to 128).
     pub n: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -56,6 +56,25 @@ pub struct CommonParams {
     pub priority: Option<i32>,
     /// Extension (vLLM): prefix-cache salt isolating this request's cache.
     pub cache_salt: Option<String>,
+    /// Extension (NVIDIA Dynamo): the `nvext` object.
+    pub nvext: Option<NvExt>,
+}
+
+/// `nvext`: NVIDIA Dynamo's request extensions that gyre honours. A field
+/// also given at the top level must have the same value (else 400).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NvExt {
+    pub ignore_eos: Option<bool>,
+    pub top_k: Option<i64>,
+    pub repetition_penalty: Option<f32>,
+    /// True: greedy (temperature 0). Dynamo spells it `greed_sampling`.
+    #[serde(alias = "greed_sampling")]
+    pub greedy_sampling: Option<bool>,
+    /// Chat: the last message's content is the prompt, tokenized as is,
+    /// without the chat template.
+    pub use_raw_prompt: Option<bool>,
+    /// Out-of-band SSE events to send (see `crate::annotations`).
+    pub annotations: Option<Vec<String>>,
 }
 
 /// `stream_options`.
@@ -166,7 +185,7 @@ fn text_part(part: &Value) -> Result<&str, String> {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionParams {
     pub prompt: Prompt,
-    /// Not supported yet: refused when true.
+    /// Start each choice's text (and logprobs listing) with the prompt.
     pub echo: Option<bool>,
     /// Return each token's log-probability and this many alternatives (0 to 20).
     pub logprobs: Option<u32>,

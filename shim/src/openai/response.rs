@@ -1,7 +1,8 @@
 //! Response objects: `chat.completion`, `chat.completion.chunk`,
 //! `text_completion` (whole and streamed), usage, and models.
 //!
-//! `logprobs` is always null (not supported yet). On chunks, `usage` is left
+//! `logprobs` is null unless the request asked for it (chat format or the
+//! legacy completions listing). On chunks, `usage` is left
 //! out unless the client asked for it with `stream_options.include_usage`;
 //! then it is null on every chunk but the last, as in OpenAI's API.
 
@@ -93,27 +94,47 @@ pub fn chat_logprobs(entries: &[gyre_api::v1::TokenLogprob]) -> serde_json::Valu
 }
 
 /// Legacy completions format, with `text_offset` counted (in characters)
-/// from the start of the choice's text across chunks.
+/// from the start of the choice's text across chunks (an echoed prompt
+/// included).
 #[derive(Debug, Default)]
 pub struct TextLogprobs {
     offset: usize,
 }
 
 impl TextLogprobs {
+    /// The listing of generated tokens.
     pub fn build(&mut self, entries: &[gyre_api::v1::TokenLogprob]) -> serde_json::Value {
+        self.listing(None, entries.iter())
+    }
+
+    /// The listing of `first` (a token without log-probability: the first
+    /// of an echoed prompt, given null entries as OpenAI does) then `entries`.
+    pub fn listing<'a>(
+        &mut self,
+        first: Option<&str>,
+        entries: impl Iterator<Item = &'a gyre_api::v1::TokenLogprob>,
+    ) -> serde_json::Value {
+        use serde_json::Value;
         let mut tokens = Vec::new();
         let mut token_logprobs = Vec::new();
         let mut top = Vec::new();
         let mut text_offset = Vec::new();
+        if let Some(first) = first {
+            tokens.push(first.to_owned());
+            token_logprobs.push(Value::Null);
+            top.push(Value::Null);
+            text_offset.push(self.offset);
+            self.offset += first.chars().count();
+        }
         for e in entries {
             tokens.push(e.token.clone());
-            token_logprobs.push(e.logprob);
-            let alternatives: serde_json::Map<String, serde_json::Value> = e
+            token_logprobs.push(e.logprob.into());
+            let alternatives: serde_json::Map<String, Value> = e
                 .top_logprobs
                 .iter()
                 .map(|t| (t.token.clone(), t.logprob.into()))
                 .collect();
-            top.push(alternatives);
+            top.push(Value::Object(alternatives));
             text_offset.push(self.offset);
             self.offset += e.token.chars().count();
         }
@@ -315,5 +336,24 @@ mod tests {
         assert_eq!(null["usage"], serde_json::Value::Null);
         let set = serde_json::to_value(chunk(Some(Some(Usage::default())))).expect("serializes");
         assert_eq!(set["usage"]["total_tokens"], 0);
+    }
+
+    #[test]
+    fn legacy_listing_with_an_echoed_first_token() {
+        let entry = |token: &str, logprob| gyre_api::v1::TokenLogprob {
+            token_id: 1,
+            logprob,
+            token: token.into(),
+            top_logprobs: vec![],
+        };
+        let mut offsets = TextLogprobs::default();
+        let prompt = offsets.listing(Some("Hé"), [entry("llo", -1.0)].iter());
+        assert_eq!(
+            prompt,
+            json!({"tokens": ["Hé", "llo"], "token_logprobs": [null, -1.0],
+                   "top_logprobs": [null, {}], "text_offset": [0, 2]})
+        );
+        let rest = offsets.build(&[entry("!", -0.5)]);
+        assert_eq!(rest["text_offset"], json!([5]));
     }
 }

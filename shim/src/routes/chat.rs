@@ -36,7 +36,11 @@ pub async fn create(
             meta,
             include_usage: mode.include_usage,
         };
-        return Ok(sse::response(generation, n, format));
+        let annotations = sse::Annotations {
+            list: mode.annotations,
+            per_prompt: n,
+        };
+        return Ok(sse::response(generation, n, annotations, format));
     }
     let out = generation.collect(n).await?;
     let choices = out
@@ -92,6 +96,21 @@ impl ChunkFormat for ChatChunks {
         };
         let logprobs = (!logprobs.is_empty()).then(|| chat_logprobs(logprobs));
         self.chunk(index, delta, logprobs, None)
+    }
+
+    /// The prompt is never part of a chat answer (only of annotations).
+    fn echo(&mut self, _index: u32, _echo: &gyre_api::v1::PromptEcho) -> Option<Event> {
+        None
+    }
+
+    fn empty_chunk(&self) -> serde_json::Value {
+        serde_json::to_value(ChatChunk {
+            meta: &self.meta,
+            object: "chat.completion.chunk",
+            choices: vec![],
+            usage: self.include_usage.then_some(None),
+        })
+        .unwrap_or_default()
     }
 
     fn finish(&self, index: u32, reason: &'static str) -> Event {

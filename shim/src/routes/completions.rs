@@ -14,7 +14,7 @@ use crate::extract::JsonObject;
 use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Merged;
-use gyre_api::v1::TokenLogprob;
+use gyre_api::v1::{PromptEcho, TokenLogprob};
 
 const OBJECT: &str = "text_completion";
 
@@ -38,23 +38,51 @@ pub async fn create(
             meta,
             include_usage: mode.include_usage,
             offsets: (0..n).map(|_| TextLogprobs::default()).collect(),
+            logprobs: want_logprobs,
+            echo: mode.echo,
         };
-        return Ok(sse::response(generation, n, format));
+        let annotations = sse::Annotations {
+            list: mode.annotations,
+            per_prompt,
+        };
+        return Ok(sse::response(generation, n, annotations, format));
     }
     let out = generation.collect(n).await?;
+    // With echo, each choice's text (and logprobs listing) starts with the prompt.
+    let texts: Vec<String> = out
+        .choices
+        .iter()
+        .zip(&out.echoes)
+        .map(|((text, _, _), echo)| match echo {
+            Some(e) if mode.echo => format!("{}{text}", e.text),
+            _ => text.clone(),
+        })
+        .collect();
     let completion = TextCompletion {
         meta: &meta,
         object: OBJECT,
         choices: (0u32..)
-            .zip(&out.choices)
-            .map(|(index, (text, reason, lps))| {
-                let logprobs = want_logprobs.then(|| TextLogprobs::default().build(lps));
+            .zip(out.choices.iter().zip(&out.echoes).zip(&texts))
+            .map(|(index, (((_, reason, lps), echo), text))| {
+                let logprobs = want_logprobs.then(|| {
+                    let (first, prompt) = prompt_listing(echo.as_ref());
+                    TextLogprobs::default().listing(first, prompt.iter().chain(lps))
+                });
                 choice(index, text, logprobs, Some(reason))
             })
             .collect(),
         usage: Some(Some(out.usage)),
     };
     Ok(Json(completion).into_response())
+}
+
+/// The echoed prompt's part of a logprobs listing: its first token (without
+/// log-probability) and the log-probabilities of the others.
+fn prompt_listing(echo: Option<&PromptEcho>) -> (Option<&str>, &[TokenLogprob]) {
+    match echo {
+        Some(e) if !e.token_ids.is_empty() => (Some(e.first_token.as_str()), &e.logprobs),
+        _ => (None, &[]),
+    }
 }
 
 fn choice<'a>(
@@ -77,6 +105,10 @@ struct TextChunks {
     include_usage: bool,
     /// Per choice: where the next token's `text_offset` starts.
     offsets: Vec<TextLogprobs>,
+    /// Whether the request asked for logprobs.
+    logprobs: bool,
+    /// Whether each choice's text starts with the prompt.
+    echo: bool,
 }
 
 impl TextChunks {
@@ -101,6 +133,31 @@ impl ChunkFormat for TextChunks {
             _ => None,
         };
         self.chunk(vec![choice(index, text, logprobs, None)], None)
+    }
+
+    fn empty_chunk(&self) -> serde_json::Value {
+        serde_json::to_value(TextCompletion {
+            meta: &self.meta,
+            object: OBJECT,
+            choices: vec![],
+            usage: self.include_usage.then_some(None),
+        })
+        .unwrap_or_default()
+    }
+
+    /// With `echo`, the prompt is the choice's first chunk.
+    fn echo(&mut self, index: u32, echo: &PromptEcho) -> Option<Event> {
+        if !self.echo {
+            return None;
+        }
+        let logprobs = match self.offsets.get_mut(index as usize) {
+            Some(o) if self.logprobs => {
+                let (first, prompt) = prompt_listing(Some(echo));
+                Some(o.listing(first, prompt.iter()))
+            }
+            _ => None,
+        };
+        Some(self.chunk(vec![choice(index, &echo.text, logprobs, None)], None))
     }
 
     fn finish(&self, index: u32, reason: &'static str) -> Event {

@@ -132,6 +132,11 @@ impl Generation for Fake {
                 ));
             }
             "busy" => return Err(Status::resource_exhausted("queue full")),
+            // "code-N": the call fails with gRPC code N (see the status table test).
+            m if m.starts_with("code-") => {
+                let n: i32 = m["code-".len()..].parse().unwrap_or(2);
+                return Err(Status::new(Code::from(n), "failed as asked"));
+            }
             "draining" => return Err(Status::unavailable("draining: secret internals")),
             "long" => vec![
                 delta(&id, "abc"),
