@@ -9,6 +9,7 @@
 mod attn;
 mod blocks;
 mod config;
+mod gemm;
 mod kv;
 mod llama;
 mod sampler;

@@ -1,0 +1,274 @@
+//! Linear layers on the CPU with pre-packed weights (AVX-512).
+//!
+//! libtorch's CPU `linear` goes to MKL, which repacks the whole weight
+//! matrix on every call. A decode step multiplies a few rows of activations
+//! by every weight of the model, so the repacking costs more than the
+//! arithmetic, and on AMD CPUs MKL takes a generic code path on top. Here the
+//! weights are packed once, at load, into panels of 32 output columns laid
+//! out k-major, and a register-tiled kernel (8 rows x 32 columns of
+//! accumulators) streams each panel once per 8 rows.
+//!
+//! Each output element is one fused multiply-add chain over k in order, so a
+//! row's result is the same whatever else is in the batch (MKL's is not).
+
+use tch::{Device, Kind, Tensor};
+
+use crate::EngineError;
+
+/// Output columns per panel (two 16-float vectors).
+const NR: usize = 32;
+/// Rows per register tile.
+const MR: usize = 8;
+
+/// Whether this CPU can run the kernel.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// A weight [n, k] (as in `y = x W^T`) packed into panels of `NR` columns:
+/// panel p holds, for each k, the `NR` values `W[p*NR .. p*NR+NR, k]`
+/// (zero past n).
+pub(crate) struct Packed {
+    n: usize,
+    k: usize,
+    data: Vec<f32>,
+}
+
+impl Packed {
+    /// Packs a float32 weight [n, k].
+    pub(crate) fn new(w: &Tensor) -> Result<Self, EngineError> {
+        let w = w
+            .f_to_device(Device::Cpu)?
+            .f_to_kind(Kind::Float)?
+            .f_contiguous()?;
+        let size = w.size();
+        let [n, k] = size[..] else {
+            return Err(EngineError::Step(format!(
+                "expected a 2-d weight, got {size:?}"
+            )));
+        };
+        let (n, k) = (n as usize, k as usize);
+        let src = crate::attn::f32_view(&w)?;
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0f32; panels * k * NR];
+        for p in 0..panels {
+            let dst = &mut data[p * k * NR..(p + 1) * k * NR];
+            for c in 0..NR.min(n - p * NR) {
+                let row = &src[(p * NR + c) * k..][..k];
+                for (kk, &v) in row.iter().enumerate() {
+                    dst[kk * NR + c] = v;
+                }
+            }
+        }
+        Ok(Self { n, k, data })
+    }
+
+    /// `x W^T` for a float32 CPU `x` [m, k] -> [m, n], split over `pool`.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        pool: &rayon::ThreadPool,
+    ) -> Result<Tensor, EngineError> {
+        let x = x.f_contiguous()?;
+        let size = x.size();
+        let m = match size[..] {
+            [m, k] if k as usize == self.k => m as usize,
+            _ => {
+                return Err(EngineError::Step(format!(
+                    "linear: input {size:?} does not match a weight of {} inputs",
+                    self.k
+                )));
+            }
+        };
+        let xs = crate::attn::f32_view(&x)?;
+        let mut out = vec![0f32; m * self.n];
+        let panels = self.n.div_ceil(NR);
+        // Contiguous runs of panels, a few per thread so the work balances.
+        let chunks = (pool.current_num_threads() * 4).clamp(1, panels);
+        let per = panels.div_ceil(chunks);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        pool.scope(|s| {
+            for c in 0..chunks {
+                let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
+                if p0 >= p1 {
+                    continue;
+                }
+                let out_ptr = &out_ptr;
+                s.spawn(move |_| {
+                    for p in p0..p1 {
+                        // Each task writes only its own panels' columns.
+                        self.panel(xs, m, p, out_ptr.0);
+                    }
+                });
+            }
+        });
+        Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
+    }
+
+    /// Columns `p*NR ..` of every row of the output.
+    fn panel(&self, x: &[f32], m: usize, p: usize, out: *mut f32) {
+        let k = self.k;
+        let w = &self.data[p * k * NR..(p + 1) * k * NR];
+        let cols = NR.min(self.n - p * NR);
+        let mut tile = [0f32; MR * NR];
+        let mut r = 0;
+        while r < m {
+            let rows = MR.min(m - r);
+            kernel(&x[r * k..(r + rows) * k], k, rows, w, &mut tile);
+            for i in 0..rows {
+                let dst = (r + i) * self.n + p * NR;
+                #[allow(unsafe_code)]
+                // SAFETY: `out` points at m * n floats; row r + i < m and
+                // columns p*NR .. p*NR + cols <= n, a range no other task
+                // writes (tasks own disjoint panels).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(tile[i * NR..].as_ptr(), out.add(dst), cols);
+                }
+            }
+            r += rows;
+        }
+    }
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: the pointer is only used to write disjoint ranges of a buffer that
+// outlives the scope of the tasks that share it.
+#[allow(unsafe_code)]
+unsafe impl Sync for SendPtr {}
+#[allow(unsafe_code)]
+unsafe impl Send for SendPtr {}
+
+/// `tile[i][c] = sum_k x[i][k] * w[k][c]` for `rows` <= MR rows of `x`
+/// ([rows, k]) and one packed panel `w` ([k, NR]).
+fn kernel(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]) {
+    debug_assert!(rows <= MR && x.len() >= rows * k && w.len() >= k * NR);
+    #[cfg(target_arch = "x86_64")]
+    if available_cached() {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F (checked); the slices hold rows * k
+        // and k * NR floats (asserted by the callers' construction).
+        unsafe {
+            match rows {
+                8 => avx512::tile::<8>(x, k, w, tile),
+                7 => avx512::tile::<7>(x, k, w, tile),
+                6 => avx512::tile::<6>(x, k, w, tile),
+                5 => avx512::tile::<5>(x, k, w, tile),
+                4 => avx512::tile::<4>(x, k, w, tile),
+                3 => avx512::tile::<3>(x, k, w, tile),
+                2 => avx512::tile::<2>(x, k, w, tile),
+                _ => avx512::tile::<1>(x, k, w, tile),
+            }
+        }
+        return;
+    }
+    // Portable fallback with the same order of operations per element.
+    for i in 0..rows {
+        let xr = &x[i * k..(i + 1) * k];
+        let t = &mut tile[i * NR..(i + 1) * NR];
+        t.fill(0.0);
+        for (kk, &xv) in xr.iter().enumerate() {
+            for (c, tv) in t.iter_mut().enumerate() {
+                *tv = xv.mul_add(w[kk * NR + c], *tv);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn available_cached() -> bool {
+    static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(available);
+    *HAS
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{MR, NR};
+
+    /// Register tile of R rows x 32 columns: 2R accumulators, one FMA
+    /// chain per output element over k in order.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile<const R: usize>(
+        x: &[f32],
+        k: usize,
+        w: &[f32],
+        tile: &mut [f32; MR * NR],
+    ) {
+        let mut a0 = [_mm512_setzero_ps(); R];
+        let mut a1 = [_mm512_setzero_ps(); R];
+        let wp = w.as_ptr();
+        let xp = x.as_ptr();
+        for kk in 0..k {
+            // SAFETY (for the whole loop): kk < k, so the panel reads stay
+            // within k * NR floats and the row reads within R * k.
+            unsafe {
+                let w0 = _mm512_loadu_ps(wp.add(kk * NR));
+                let w1 = _mm512_loadu_ps(wp.add(kk * NR + 16));
+                for r in 0..R {
+                    let xv = _mm512_set1_ps(*xp.add(r * k + kk));
+                    a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+                }
+            }
+        }
+        let tp = tile.as_mut_ptr();
+        for r in 0..R {
+            // SAFETY: r < R <= MR, so both stores are inside the tile.
+            unsafe {
+                _mm512_storeu_ps(tp.add(r * NR), a0[r]);
+                _mm512_storeu_ps(tp.add(r * NR + 16), a1[r]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool")
+    }
+
+    /// Matches libtorch's linear for ragged shapes, and each row's result
+    /// does not depend on the other rows.
+    #[test]
+    fn matches_linear_and_is_row_invariant() {
+        tch::manual_seed(3);
+        let pool = pool();
+        for (n, k) in [(70usize, 45usize), (32, 512), (1000, 96)] {
+            let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
+            let p = Packed::new(&w).expect("pack");
+            for m in [1i64, 3, 8, 13, 40] {
+                let x = Tensor::randn([m, k as i64], (Kind::Float, Device::Cpu));
+                let got = p.forward(&x, &pool).expect("forward");
+                let want = x.linear::<Tensor>(&w, None);
+                let diff = (&got - &want).abs().max().double_value(&[]);
+                assert!(diff < 1e-4, "n={n} k={k} m={m}: max diff {diff}");
+                let alone = p.forward(&x.narrow(0, m - 1, 1), &pool).expect("row");
+                let same = got.narrow(0, m - 1, 1).equal(&alone);
+                assert!(same, "n={n} k={k} m={m}: last row differs when alone");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_a_mismatched_input() {
+        let w = Tensor::zeros([4, 8], (Kind::Float, Device::Cpu));
+        let p = Packed::new(&w).expect("pack");
+        let x = Tensor::zeros([2, 7], (Kind::Float, Device::Cpu));
+        assert!(p.forward(&x, &pool()).is_err());
+    }
+}
