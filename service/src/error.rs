@@ -36,6 +36,9 @@ pub enum ServiceError {
     DeadlineExceeded(u32),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The server is draining for shutdown and takes no new requests.
+    #[error("the server is shutting down and accepts no new requests")]
+    Draining,
 }
 
 impl ServiceError {
@@ -75,6 +78,7 @@ impl ServiceError {
                 Some(field.clone()),
                 message.clone(),
             ),
+            Self::Draining => (Code::Unavailable, "DRAINING", None, self.to_string()),
             Self::ModelNotFound(_) => (
                 Code::NotFound,
                 "MODEL_NOT_FOUND",

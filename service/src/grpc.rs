@@ -37,12 +37,19 @@ const STREAM_BUFFER: usize = 64;
 #[derive(Clone)]
 pub struct GenerationService {
     models: Arc<Vec<Arc<ModelRuntime>>>,
+    /// True once the server drains for shutdown: new requests get
+    /// UNAVAILABLE, those already running finish.
+    draining: tokio::sync::watch::Receiver<bool>,
 }
 
 impl GenerationService {
-    pub fn new(models: Vec<Arc<ModelRuntime>>) -> Self {
+    pub fn new(
+        models: Vec<Arc<ModelRuntime>>,
+        draining: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         Self {
             models: Arc::new(models),
+            draining,
         }
     }
 
@@ -51,6 +58,9 @@ impl GenerationService {
         &self,
         req: v1::Request,
     ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
+        if *self.draining.borrow() {
+            return Err(ServiceError::Draining);
+        }
         let models = self.models.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
             .await

@@ -100,6 +100,11 @@ struct GrpcArgs {
     /// the `authorization` metadata (gRPC; health and reflection excepted).
     #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// On SIGTERM or Ctrl-C: seconds to let running requests finish while
+    /// health reports NOT_SERVING (HTTP /health 503) and new requests get
+    /// UNAVAILABLE (HTTP 503). A second signal stops at once.
+    #[arg(long, env = "GYRE_DRAIN_TIMEOUT", default_value_t = 30.0)]
+    drain_timeout: f64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -114,6 +119,20 @@ fn announce(line: String) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
+}
+
+/// SIGTERM or Ctrl-C.
+async fn wait_for_signal() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await
 }
 
 async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
@@ -181,29 +200,24 @@ async fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // The first signal starts draining, the second (or the drain's end)
+    // stops the servers.
+    let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let signal_stop = stop_tx.clone();
     tokio::spawn(async move {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(_) => {
-                        let _ = ctrl_c.await;
-                        let _ = stop_tx.send(true);
-                        return;
-                    }
-                };
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
+        for round in 0..2 {
+            if wait_for_signal().await.is_err() {
+                return;
+            }
+            if round == 0 {
+                tracing::info!("draining: no new requests; a second signal stops at once");
+                let _ = drain_tx.send(true);
+            } else {
+                tracing::info!("stopping now");
+                let _ = signal_stop.send(true);
             }
         }
-        #[cfg(not(unix))]
-        let _ = ctrl_c.await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
     });
 
     let (model, grpc, http_addr) = match cli.command {
@@ -215,6 +229,30 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let runtime = load(model).await?;
+    {
+        // Stop once draining and every running request has finished (or
+        // the drain timeout passed).
+        let (mut drain_rx, runtime, timeout) =
+            (drain_rx.clone(), runtime.clone(), grpc.drain_timeout);
+        tokio::spawn(async move {
+            if drain_rx.wait_for(|d| *d).await.is_err() {
+                return;
+            }
+            let idle = runtime
+                .engine
+                .wait_stats(|s| s.running == 0 && s.waiting == 0);
+            let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
+            if tokio::time::timeout(limit, idle).await.is_err() {
+                tracing::warn!(
+                    timeout,
+                    "drain timeout: stopping with requests still running"
+                );
+            } else {
+                tracing::info!("drained: no request running");
+            }
+            let _ = stop_tx.send(true);
+        });
+    }
     let grpc_listener = TcpListener::bind(&grpc.grpc_addr)
         .await
         .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
@@ -223,6 +261,7 @@ async fn run() -> anyhow::Result<()> {
         grpc_listener,
         vec![runtime],
         grpc.api_key.clone(),
+        drain_rx,
         shutdown_signal(stop_rx.clone()),
     ));
     announce(format!("gyre: gRPC listening on http://{grpc_local}"));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use gyre_api::v1::generation_server::GenerationServer;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Server, server::TcpIncoming};
 use tonic::{Request, Status};
@@ -47,11 +48,14 @@ impl tonic::service::Interceptor for ApiKeyCheck {
     }
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves. Once `draining` turns true, health
+/// reports NOT_SERVING (overall, the service and each model) and new
+/// generation requests get UNAVAILABLE while running ones finish.
 pub async fn serve_grpc(
     listener: TcpListener,
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
+    draining: watch::Receiver<bool>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -63,6 +67,26 @@ pub async fn serve_grpc(
             .set_service_status(&m.id, tonic_health::ServingStatus::Serving)
             .await;
     }
+    {
+        let mut draining = draining.clone();
+        let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
+        tokio::spawn(async move {
+            if draining.wait_for(|d| *d).await.is_err() {
+                return;
+            }
+            health
+                .set_not_serving::<GenerationServer<GenerationService>>()
+                .await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            for id in ids {
+                health
+                    .set_service_status(&id, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
+        });
+    }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -72,7 +96,7 @@ pub async fn serve_grpc(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let generation = InterceptedService::new(
-        GenerationServer::new(GenerationService::new(models)),
+        GenerationServer::new(GenerationService::new(models, draining)),
         ApiKeyCheck::new(api_key),
     );
     Server::builder()

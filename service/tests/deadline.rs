@@ -31,9 +31,15 @@ async fn a_stream_past_its_deadline_ends_with_deadline_exceeded() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_grpc(listener, vec![Arc::new(rt)], None, async {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(serve_grpc(
+        listener,
+        vec![Arc::new(rt)],
+        None,
+        tokio::sync::watch::channel(false).1,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
     let mut client = GenerationClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");

@@ -239,6 +239,13 @@ fn map_code(
             "timeout",
             "The request timed out before the model finished.",
         ),
+        // The service is draining for shutdown: say so (other replicas or
+        // a restarted server can take the request).
+        Code::Unavailable if reason.as_deref() == Some("DRAINING") => {
+            let mut err = client(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR);
+            err.retry_after = Some(retry_after_secs(retry));
+            err
+        }
         Code::Unavailable | Code::Cancelled => {
             let mut err = server(
                 StatusCode::SERVICE_UNAVAILABLE,

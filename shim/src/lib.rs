@@ -68,6 +68,7 @@ impl ShimConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub(crate) client: GenerationClient<Channel>,
+    pub(crate) health: tonic_health::pb::health_client::HealthClient<Channel>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
     pub(crate) grpc_auth: Option<AsciiMetadataValue>,
@@ -92,7 +93,8 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         None => None,
     };
     Ok(AppState {
-        client: GenerationClient::new(channel),
+        client: GenerationClient::new(channel.clone()),
+        health: tonic_health::pb::health_client::HealthClient::new(channel),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
         request_timeout: cfg.request_timeout,

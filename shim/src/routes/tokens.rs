@@ -1,15 +1,15 @@
 //! vLLM-compatible utility routes: `POST /tokenize` (a prompt, or chat
 //! messages rendered with the model's template), `POST /detokenize`,
-//! `GET /health` (200 when the service answers, else 503) and `GET /version`.
+//! `GET /health` (200 when the service reports SERVING, else 503) and `GET /version`.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use gyre_api::v1::{
-    self as pb, DetokenizeRequest, ListModelsRequest, TokenizeRequest, tokenize_request,
-};
+use gyre_api::v1::{self as pb, DetokenizeRequest, TokenizeRequest, tokenize_request};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::AppState;
 use crate::convert::{chat_messages, json_to_struct};
@@ -100,25 +100,27 @@ pub async fn detokenize(
     Ok(Json(json!({ "prompt": out.text })))
 }
 
-/// `GET /health`: 200 when the gRPC service answers, 503 otherwise.
-pub async fn health(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<StatusCode, ApiError> {
-    let mut client = state.client.clone();
-    match client
-        .list_models(grpc_request(&state, &headers, ListModelsRequest {}))
-        .await
-    {
-        Ok(_) => Ok(StatusCode::OK),
-        Err(status) => Err(ApiError::from_status(
-            &tonic::Status::unavailable(format!(
-                "the gRPC service is not ready ({})",
-                status.code()
-            )),
-            Api::Models,
-        )),
-    }
+/// `GET /health`: 200 when the gRPC service reports SERVING
+/// (grpc.health.v1, overall status), 503 while it is unreachable, still
+/// loading, or draining for shutdown.
+pub async fn health(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+    let mut client = state.health.clone();
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    request.set_timeout(std::time::Duration::from_secs(5));
+    let reason = match client.check(request).await {
+        Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => return Ok(StatusCode::OK),
+        Ok(r) => format!(
+            "status {:?}",
+            ServingStatus::try_from(r.get_ref().status).unwrap_or_default()
+        ),
+        Err(status) => format!("{}", status.code()),
+    };
+    Err(ApiError::from_status(
+        &tonic::Status::unavailable(format!("the gRPC service is not serving ({reason})")),
+        Api::Models,
+    ))
 }
 
 /// `GET /version`.
