@@ -9,6 +9,7 @@
 mod attn;
 mod blocks;
 mod config;
+mod flash;
 mod gemm;
 mod kv;
 mod llama;

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::{Device, Kind, Tensor};
 
@@ -20,6 +21,7 @@ use crate::EngineError;
 use crate::attn;
 use crate::blocks::BlockId;
 use crate::config::ModelConfig;
+use crate::flash;
 use crate::gemm;
 use crate::kv::KvPool;
 
@@ -76,6 +78,9 @@ pub struct Llama {
     lm_head: Lin,
     /// Threads for the packed linear layers (as many as libtorch's).
     pool: rayon::ThreadPool,
+    /// On CUDA: flash attention over packed sequences works (cleared,
+    /// with a warning, the first time it fails).
+    flash: AtomicBool,
     /// RoPE tables [max_positions, head_dim], float32.
     cos: Tensor,
     sin: Tensor,
@@ -231,6 +236,7 @@ impl Llama {
             norm,
             lm_head,
             pool,
+            flash: AtomicBool::new(true),
             cos,
             sin,
         })
@@ -249,7 +255,6 @@ impl Llama {
         // Slots of all positions of each sequence; decodes on the CPU use
         // the Rust kernel (`attn`), everything else SDPA over gathered slots.
         let mut all_slots = Vec::with_capacity(seqs.len());
-        let mut seq_slots = Vec::with_capacity(seqs.len());
         let cpu_decode = dev == Device::Cpu && self.kind == Kind::Float;
         for s in seqs {
             let end = s.start + s.tokens.len() as i64;
@@ -262,13 +267,7 @@ impl Llama {
             ids.extend(s.tokens.iter().map(|&t| t as i64));
             pos.extend(s.start..end);
             new_slots.extend(pool.slots(s.block_table, s.start, end));
-            let slots = pool.slots(s.block_table, 0, end);
-            seq_slots.push(if cpu_decode && s.tokens.len() == 1 {
-                None
-            } else {
-                Some(Tensor::from_slice(&slots).f_to_device(dev)?)
-            });
-            all_slots.push(slots);
+            all_slots.push(pool.slots(s.block_table, 0, end));
         }
         let mut decodes = Vec::new();
         let mut row = 0usize;
@@ -278,6 +277,22 @@ impl Llama {
             }
             row += s.tokens.len();
         }
+        // On CUDA: one flash-attention call per layer over the step's keys
+        // and values, gathered from the pool into one packed tensor.
+        let flash_plan = if dev.is_cuda() && self.flash.load(Ordering::Relaxed) {
+            let lens: Vec<(i64, i64)> = seqs
+                .iter()
+                .zip(&all_slots)
+                .map(|(s, slots)| (s.tokens.len() as i64, slots.len() as i64))
+                .collect();
+            let gather: Vec<i64> = all_slots.iter().flatten().copied().collect();
+            Some((
+                flash::Varlen::new(&lens, dev)?,
+                Tensor::from_slice(&gather).f_to_device(dev)?,
+            ))
+        } else {
+            None
+        };
         let heads = attn::Heads {
             heads: nh as usize,
             kv_heads: nkv as usize,
@@ -308,7 +323,21 @@ impl Llama {
             // (padded batched attention changes reduction order and rounding).
             // CPU decodes go through the Rust kernel in one call; prefill
             // chunks (and everything on CUDA) through SDPA.
-            let decoded = if decodes.is_empty() {
+            let mut flashed = None;
+            if let Some((varlen, gather)) = &flash_plan {
+                let (kc, vc) = pool.layer(li);
+                let (keys, vals) = (kc.f_index_select(0, gather)?, vc.f_index_select(0, gather)?);
+                match varlen.attend(&q, &keys, &vals) {
+                    Ok(out) => flashed = Some(out.f_view([n, nh * hd])?),
+                    Err(e) => {
+                        // E.g. a GPU flash attention does not support: SDPA
+                        // per sequence from now on.
+                        tracing::warn!(error = %e, "flash attention unavailable; using SDPA per sequence");
+                        self.flash.store(false, Ordering::Relaxed);
+                    }
+                }
+            }
+            let decoded = if flashed.is_some() || decodes.is_empty() {
                 None
             } else {
                 let qc = q.f_contiguous()?;
@@ -323,10 +352,11 @@ impl Llama {
                 );
                 Some(Tensor::from_slice(&out).f_view([decodes.len() as i64, nh, hd])?)
             };
-            let attn = match decoded {
+            let attn = match (flashed, decoded) {
+                (Some(f), _) => f,
                 // Only decodes (the common step): the kernel's output is it.
-                Some(d) if decodes.len() == seqs.len() => d.f_view([n, nh * hd])?,
-                d => self.mixed_attention(seqs, &seq_slots, d.as_ref(), &q, li, pool)?,
+                (None, Some(d)) if decodes.len() == seqs.len() => d.f_view([n, nh * hd])?,
+                (None, d) => self.mixed_attention(seqs, &all_slots, d.as_ref(), &q, li, pool)?,
             };
             x = x.f_add(&l.o.forward(&attn, l.o_bias.as_ref(), &self.pool)?)?;
             let h = rms_norm(&x, &l.post_norm, cfg.rms_norm_eps)?;
@@ -339,12 +369,13 @@ impl Llama {
         rms_norm(&x, &self.norm, cfg.rms_norm_eps)
     }
 
-    /// Attention of a step that has prefill chunks: SDPA per sequence over
-    /// its gathered slots, decodes taken from the kernel's output `decoded`.
+    /// Attention of a step that has prefill chunks (or runs on CUDA without
+    /// flash attention): SDPA per sequence over its gathered slots, CPU
+    /// decodes taken from the kernel's output `decoded`.
     fn mixed_attention(
         &self,
         seqs: &[SeqInput<'_>],
-        seq_slots: &[Option<Tensor>],
+        all_slots: &[Vec<i64>],
         decoded: Option<&Tensor>,
         q: &Tensor,
         li: usize,
@@ -354,23 +385,32 @@ impl Llama {
         let mut outs = Vec::with_capacity(seqs.len());
         let mut off = 0i64;
         let mut di = 0i64;
-        for (s, slots) in seqs.iter().zip(seq_slots) {
+        for (s, slots) in seqs.iter().zip(all_slots) {
             let len = s.tokens.len() as i64;
-            match (slots, decoded) {
-                (Some(slots), _) => {
-                    outs.push(pool.attend(li, &q.f_narrow(0, off, len)?, slots, s.start)?)
-                }
-                (None, Some(d)) => {
+            match decoded {
+                Some(d) if len == 1 => {
                     outs.push(d.f_narrow(0, di, 1)?);
                     di += 1;
                 }
-                (None, None) => {
-                    return Err(EngineError::Step("decode without kernel output".into()));
+                _ => {
+                    let slots = Tensor::from_slice(slots).f_to_device(self.device)?;
+                    outs.push(pool.attend(li, &q.f_narrow(0, off, len)?, &slots, s.start)?)
                 }
             }
             off += len;
         }
         Ok(Tensor::f_cat(&outs, 0)?.f_view([off, nh * hd])?)
+    }
+
+    /// Whether CUDA attention goes through flash attention over packed
+    /// sequences (else SDPA per sequence). Always false on the CPU.
+    pub fn flash_attention(&self) -> bool {
+        self.device.is_cuda() && self.flash.load(Ordering::Relaxed)
+    }
+
+    /// Turns CUDA flash attention on or off (for comparisons).
+    pub fn set_flash_attention(&self, on: bool) {
+        self.flash.store(on, Ordering::Relaxed);
     }
 
     /// Logits (float32) for the given hidden-state rows [B, hidden] -> [B, vocab].
