@@ -75,3 +75,26 @@ def test_health_is_503_when_the_service_is_unreachable():
     finally:
         shim.stop()
         shim.remove_log()
+
+
+def test_legacy_function_role_renders_as_a_tool_result(qwen):
+    """OpenAI's legacy `function` role (a function's result) is rendered as the
+    template's `tool` role; `developer` is accepted as a role of its own."""
+    def tokens(role):
+        messages = [
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "Let me check."},
+            {"role": role, "name": "get_weather", "content": "22 C, sunny"},
+        ]
+        reply = harness.http_json(qwen.http, "/tokenize", {"model": MODEL, "messages": messages,
+                                                           "add_generation_prompt": True})
+        assert reply.status == 200, reply.body
+        return reply.json()["tokens"]
+
+    as_function, as_tool = tokens("function"), tokens("tool")
+    assert as_function == as_tool
+    detok = harness.http_json(qwen.http, "/detokenize", {"model": MODEL, "tokens": as_function})
+    assert "22 C, sunny" in detok.json()["prompt"]
+    bad = harness.http_json(qwen.http, "/tokenize", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "messages[0].role", bad.body

@@ -13,8 +13,9 @@ use crate::extract::{fields, require};
 use crate::openai::request::{ChatParams, CommonParams, CompletionParams, Prompt};
 use crate::sse::Annotation;
 
-/// Roles a chat message may have (see `gyre.v1.ChatMessage.role`).
-const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+/// Roles a chat message may have (see `gyre.v1.ChatMessage.role`), plus
+/// OpenAI's legacy `function` (a function's result), sent on as `tool`.
+const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
 
 /// How to answer: one JSON object, or SSE chunks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -146,8 +147,13 @@ pub fn chat_messages(
                 Some(&format!("messages[{i}].role")),
             ));
         }
+        let role = if m.role == "function" {
+            "tool".to_string()
+        } else {
+            m.role
+        };
         messages.push(pb::ChatMessage {
-            role: m.role,
+            role,
             content: m.content.map(|c| c.0).unwrap_or_default(),
             name: m.name,
         });
