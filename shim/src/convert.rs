@@ -15,7 +15,14 @@ use crate::sse::Annotation;
 
 /// Roles a chat message may have (see `gyre.v1.ChatMessage.role`), plus
 /// OpenAI's legacy `function` (a function's result), sent on as `tool`.
-const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+const ROLES: [&str; 6] = [
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
 
 /// How to answer: one JSON object, or SSE chunks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
