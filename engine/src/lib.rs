@@ -9,6 +9,7 @@
 mod attn;
 mod blocks;
 mod config;
+mod constraint;
 mod flash;
 mod gemm;
 mod kv;
@@ -22,8 +23,10 @@ use std::path::{Path, PathBuf};
 use tokio::sync::{mpsc, watch};
 
 pub use config::{ModelConfig, SUPPORTED};
+pub use constraint::Constraint;
 pub use kv::KvPool;
 pub use llama::{Llama, SeqInput};
+pub use llguidance;
 pub use sampler::{Sampler, Sampling, argmax};
 
 /// Everything that can go wrong in the engine.
@@ -179,6 +182,10 @@ pub struct GenerateRequest {
     pub priority: i32,
     /// Prefix-cache namespace; empty is the shared cache.
     pub cache_salt: String,
+    /// Constrained decoding: only tokens that keep the output within this
+    /// structure are sampled (EOS and stop ids then count only where the
+    /// structure allows them, so `min_tokens` does not apply).
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateRequest {
@@ -197,6 +204,7 @@ impl GenerateRequest {
             prompt_logprobs: None,
             priority: 0,
             cache_salt: String::new(),
+            constraint: None,
         }
     }
 }

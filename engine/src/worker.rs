@@ -59,6 +59,22 @@ fn send_logprobs(g: &Gen, row: &[f32], tok: u32) {
     }
 }
 
+/// Samples the next token of `g` from its logits `row`, within its
+/// constraint if it has one.
+fn sample_next(g: &mut Gen, row: &[f32]) -> Result<u32, EngineError> {
+    let Some(c) = g.req.constraint.as_mut() else {
+        let suppress = suppressed(g);
+        return Ok(g.sampler.sample(row, &suppress));
+    };
+    let mut masked = row.to_vec();
+    c.mask(&mut masked)
+        .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+    let tok = g.sampler.sample(&masked, &[]);
+    c.consume(tok)
+        .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+    Ok(tok)
+}
+
 /// Tokens that may not be sampled yet: EOS and stop ids before min_tokens.
 fn suppressed(g: &Gen) -> Vec<u32> {
     if g.generated >= g.req.min_tokens {
@@ -396,6 +412,7 @@ impl Worker {
         logits.f_copy_data(&mut flat, numel)?;
         let max_len = self.model.cfg.max_position_embeddings as usize;
         let mut finished = Vec::new();
+        let mut failed = Vec::new();
         let mut children = Vec::new();
         for (i, id) in sampled.into_iter().enumerate() {
             let row = &flat[i * vocab..(i + 1) * vocab];
@@ -432,14 +449,29 @@ impl Worker {
                     forks: Vec::new(),
                     prompt_lp_done: g.prompt_lp_done,
                 };
-                let tok = cg.sampler.sample(row, &suppressed(&cg));
+                let tok = match sample_next(&mut cg, row) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = cg.events.send(Event::Failed(e));
+                        for &b in &cs.blocks {
+                            self.sched.alloc.release(b);
+                        }
+                        continue;
+                    }
+                };
                 send_logprobs(&cg, row, tok);
                 if let Some(reason) = take_token(&mut cg, &mut cs, tok, max_len, &mut self.stats) {
                     finished.push((cid, reason));
                 }
                 children.push((cs, cg));
             }
-            let tok = g.sampler.sample(row, &suppressed(g));
+            let tok = match sample_next(g, row) {
+                Ok(t) => t,
+                Err(e) => {
+                    failed.push((id, e));
+                    continue;
+                }
+            };
             send_logprobs(g, row, tok);
             if let Some(reason) = take_token(g, s, tok, max_len, &mut self.stats) {
                 finished.push((id, reason));
@@ -448,6 +480,13 @@ impl Worker {
         for (cs, cg) in children {
             self.gens.insert(cs.id, cg);
             self.running.push(cs);
+        }
+        for (id, e) in failed {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let mut s = self.running.swap_remove(i);
+                self.sched.free(&mut s);
+            }
+            self.fail(id, e);
         }
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {

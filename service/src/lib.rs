@@ -11,4 +11,5 @@ pub mod request;
 pub mod runtime;
 pub mod server;
 pub mod stop;
+pub mod structured;
 pub mod template;

@@ -325,6 +325,19 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             format!("min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})"),
         ));
     }
+    let constraint = match &req.structured {
+        None => None,
+        Some(s) => match &model.grammars {
+            Some(g) => g.compile(s)?,
+            None => {
+                return Err(ServiceError::invalid(
+                    "structured",
+                    "UNSUPPORTED_STRUCTURE",
+                    "structured outputs are not available for this model's tokenizer",
+                ));
+            }
+        },
+    };
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -336,6 +349,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         prompt_logprobs: req.prompt_logprobs,
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
+        constraint,
     };
     Ok(Prepared {
         model,

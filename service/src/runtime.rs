@@ -18,6 +18,9 @@ pub struct ModelRuntime {
     pub engine: Engine,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
+    /// Compiles structured-output requests; None when the tokenizer could
+    /// not be mapped to bytes (then such requests are refused).
+    pub grammars: Option<crate::structured::Grammars>,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -93,6 +96,13 @@ impl ModelRuntime {
         let started = std::time::Instant::now();
         let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
         let info = engine.info();
+        let grammars = match crate::structured::Grammars::load(dir, info) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::warn!(error = %e, "structured outputs unavailable for this tokenizer");
+                None
+            }
+        };
         tracing::info!(
             secs = format!("{:.1}", started.elapsed().as_secs_f64()),
             device = %info.device,
@@ -116,6 +126,7 @@ impl ModelRuntime {
             engine,
             tokenizer: Arc::new(tokenizer),
             template,
+            grammars,
         })
     }
 

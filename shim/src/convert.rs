@@ -76,10 +76,7 @@ impl ChatRequest {
         if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(ApiError::unsupported("tools", "Tool calling"));
         }
-        if let Some(format) = chat.response_format.as_ref().filter(|f| f.kind != "text") {
-            let what = format!("response_format of type '{}'", format.kind);
-            return Err(ApiError::unsupported("response_format", &what));
-        }
+        let format = response_format(chat.response_format.as_ref())?;
         let mut messages = chat_messages(chat.messages)?;
         let logprobs_k = logprobs;
         let raw = self
@@ -103,7 +100,110 @@ impl ChatRequest {
         };
         let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
         request.logprobs = logprobs_k;
+        if let Some(f) = format {
+            if request.structured.is_some() {
+                return Err(ApiError::invalid_request(
+                    "Give either response_format or a structured-outputs extension, not both.",
+                    Some("response_format"),
+                ));
+            }
+            request.structured = Some(f);
+        }
         Ok((request, mode))
+    }
+}
+
+/// OpenAI's `response_format` as a structure to enforce (None for text).
+fn response_format(
+    f: Option<&crate::openai::request::ResponseFormat>,
+) -> Result<Option<pb::StructuredOutput>, ApiError> {
+    use pb::structured_output::Kind;
+    let Some(f) = f else { return Ok(None) };
+    let kind = match f.kind.as_str() {
+        "text" => return Ok(None),
+        "json_object" => Kind::JsonObject(true),
+        "json_schema" => {
+            let schema = f
+                .json_schema
+                .as_ref()
+                .and_then(|j| j.get("schema"))
+                .ok_or_else(|| {
+                    ApiError::invalid_request(
+                        "response_format of type 'json_schema' needs json_schema.schema.",
+                        Some("response_format"),
+                    )
+                })?;
+            Kind::JsonSchema(schema.to_string())
+        }
+        other => {
+            return Err(ApiError::invalid_request(
+                format!(
+                    "response_format type must be 'text', 'json_object' or 'json_schema', got '{other}'."
+                ),
+                Some("response_format"),
+            ));
+        }
+    };
+    Ok(Some(pb::StructuredOutput { kind: Some(kind) }))
+}
+
+/// vLLM's structured-output extensions (`structured_outputs`, `guided_*`):
+/// at most one structure.
+fn structured_extension(c: &CommonParams) -> Result<Option<pb::StructuredOutput>, ApiError> {
+    use pb::structured_output::Kind;
+    let json_text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let mut found: Vec<(&str, Kind)> = Vec::new();
+    if let Some(so) = &c.structured_outputs {
+        if let Some(j) = &so.json {
+            found.push(("structured_outputs", Kind::JsonSchema(json_text(j))));
+        }
+        if let Some(r) = &so.regex {
+            found.push(("structured_outputs", Kind::Regex(r.clone())));
+        }
+        if let Some(ch) = &so.choice {
+            found.push((
+                "structured_outputs",
+                Kind::Choice(pb::Choices {
+                    options: ch.clone(),
+                }),
+            ));
+        }
+        if let Some(g) = &so.grammar {
+            found.push(("structured_outputs", Kind::Grammar(g.clone())));
+        }
+        if so.json_object == Some(true) {
+            found.push(("structured_outputs", Kind::JsonObject(true)));
+        }
+    }
+    if let Some(j) = &c.guided_json {
+        found.push(("guided_json", Kind::JsonSchema(json_text(j))));
+    }
+    if let Some(r) = &c.guided_regex {
+        found.push(("guided_regex", Kind::Regex(r.clone())));
+    }
+    if let Some(ch) = &c.guided_choice {
+        found.push((
+            "guided_choice",
+            Kind::Choice(pb::Choices {
+                options: ch.clone(),
+            }),
+        ));
+    }
+    if let Some(g) = &c.guided_grammar {
+        found.push(("guided_grammar", Kind::Grammar(g.clone())));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found
+            .pop()
+            .map(|(_, k)| pb::StructuredOutput { kind: Some(k) })),
+        _ => Err(ApiError::invalid_request(
+            "Give at most one structured-output constraint.",
+            Some(found[1].0),
+        )),
     }
 }
 
@@ -301,6 +401,7 @@ fn common_to_proto(
     input: pb::request::Input,
 ) -> Result<(pb::Request, StreamMode), ApiError> {
     let annotations = apply_nvext(&mut common)?;
+    let structured = structured_extension(&common)?;
     let top_k = match common.top_k {
         None => None,
         Some(-1 | 0) => Some(0),
@@ -369,6 +470,7 @@ fn common_to_proto(
         priority: common.priority.map(i32::saturating_neg),
         n: common.n,
         cache_salt: common.cache_salt,
+        structured,
     };
     Ok((request, mode))
 }

@@ -306,6 +306,9 @@ pub fn openai_param(field: &str, api: Api) -> String {
         "input" | "input.text" | "text" | "token_ids" | "token_ids.ids" | "chat" => {
             input.to_owned()
         }
+        // Chat's response_format, or the structured-outputs extensions.
+        "structured" if api == Api::Completions => "structured_outputs".to_owned(),
+        "structured" => "response_format".to_owned(),
         other => other.to_owned(),
     }
 }

@@ -58,6 +58,24 @@ pub struct CommonParams {
     pub cache_salt: Option<String>,
     /// Extension (NVIDIA Dynamo): the `nvext` object.
     pub nvext: Option<NvExt>,
+    /// Extension (vLLM): constrained decoding, `{"json" | "regex" |
+    /// "choice" | "grammar": ...}`.
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// Extension (vLLM's older names for the same).
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}
+
+/// vLLM's `structured_outputs` object (one of its fields).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StructuredOutputs {
+    pub json: Option<Value>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
 }
 
 /// `nvext`: NVIDIA Dynamo's request extensions that gyre honours. A field
@@ -115,7 +133,8 @@ pub struct ChatParams {
     pub top_logprobs: Option<u32>,
     /// Not supported yet: refused when non-empty.
     pub tools: Option<Vec<Value>>,
-    /// Not supported yet: refused unless `{"type": "text"}`.
+    /// `text`, `json_object`, or `json_schema` (enforced by constrained
+    /// decoding).
     pub response_format: Option<ResponseFormat>,
     /// Extension (vLLM): end the prompt with the assistant header (default true).
     pub add_generation_prompt: Option<bool>,
@@ -130,6 +149,8 @@ pub struct ChatParams {
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    /// With `json_schema`: `{"name", "schema", "strict", "description"}`.
+    pub json_schema: Option<Value>,
 }
 
 /// One chat message. Keys other than these (tool_calls, ...) are ignored.
