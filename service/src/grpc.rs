@@ -553,7 +553,7 @@ impl Generation for GenerationService {
                         model.encode(t, req.add_special_tokens.unwrap_or(true))?,
                     ),
                     Some(tokenize_request::Input::Chat(c)) => {
-                        let text = request::render_chat_input(&model, c)?;
+                        let text = crate::chat::render_chat_input(&model, c)?;
                         let ids = model.encode(&text, false)?;
                         (text, ids)
                     }

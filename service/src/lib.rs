@@ -4,6 +4,7 @@
 //! incremental detokenizing, stop strings. Errors map to `tonic::Status` in
 //! exactly one place (`error`).
 
+pub mod chat;
 pub mod detok;
 pub mod error;
 pub mod grpc;

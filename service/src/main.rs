@@ -59,6 +59,14 @@ struct ModelArgs {
     /// Where to run the model.
     #[arg(long, env = "GYRE_DEVICE", value_enum, default_value = "auto")]
     device: Device,
+    /// A chat template to use instead of the model's: a Jinja file, or the
+    /// template text itself.
+    #[arg(long, env = "GYRE_CHAT_TEMPLATE")]
+    chat_template: Option<String>,
+    /// Accept requests that bring their own chat template (`chat_template`).
+    /// Off by default: a template is code the server runs.
+    #[arg(long, env = "GYRE_TRUST_REQUEST_CHAT_TEMPLATE")]
+    trust_request_chat_template: bool,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -154,8 +162,17 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
     opts.token_budget = args.engine.max_batch_tokens;
     opts.queue_capacity = args.engine.max_queue;
     opts.compute_threads = args.engine.compute_threads;
-    let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name))
-        .await??;
+    let text = gyre_service::runtime::TextOptions {
+        chat_template: args
+            .chat_template
+            .as_deref()
+            .map(gyre_service::runtime::chat_template_arg)
+            .transpose()?,
+        trust_request_chat_template: args.trust_request_chat_template,
+    };
+    let rt =
+        tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name, text))
+            .await??;
     Ok(Arc::new(rt))
 }
 

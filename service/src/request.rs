@@ -6,9 +6,9 @@ use std::sync::Arc;
 use gyre_api::v1::{self, request::Input};
 use gyre_engine::{GenerateRequest, Sampling};
 
+use crate::chat::render_chat_input;
 use crate::error::ServiceError;
 use crate::runtime::ModelRuntime;
-use crate::template::TemplateMessage;
 
 /// Most stop strings one request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -44,81 +44,6 @@ pub fn resolve(
         .find(|m| m.id == name)
         .cloned()
         .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))
-}
-
-pub fn chat_messages(chat: &v1::ChatInput) -> Result<Vec<TemplateMessage>, ServiceError> {
-    const ROLES: [&str; 6] = [
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-        "function",
-    ];
-    chat.messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ServiceError::invalid(
-                    format!("chat.messages[{i}].role"),
-                    "INVALID_ROLE",
-                    format!(
-                        "unknown role {:?}; expected one of {}",
-                        m.role,
-                        ROLES.join(", ")
-                    ),
-                ));
-            }
-            Ok(TemplateMessage {
-                role: m.role.clone(),
-                content: m.content.clone(),
-                name: m.name.clone(),
-            })
-        })
-        .collect()
-}
-
-/// Renders chat input with the model's template, honouring
-/// `continue_final_message` and `chat_template_kwargs`.
-pub fn render_chat_input(
-    model: &ModelRuntime,
-    chat: &v1::ChatInput,
-) -> Result<String, ServiceError> {
-    let msgs = chat_messages(chat)?;
-    let cont = chat.continue_final_message.unwrap_or(false);
-    let agp = chat.add_generation_prompt.unwrap_or(!cont);
-    let kwargs = chat
-        .chat_template_kwargs
-        .as_ref()
-        .map(struct_to_json)
-        .unwrap_or_default();
-    model.render_chat_with(&msgs, agp, &kwargs, cont)
-}
-
-/// A protobuf Struct as JSON (the one conversion of `chat_template_kwargs`).
-fn struct_to_json(s: &prost_types::Struct) -> serde_json::Map<String, serde_json::Value> {
-    s.fields
-        .iter()
-        .map(|(k, v)| (k.clone(), value_to_json(v)))
-        .collect()
-}
-
-fn value_to_json(v: &prost_types::Value) -> serde_json::Value {
-    use prost_types::value::Kind;
-    use serde_json::Value as J;
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => J::Null,
-        Some(Kind::BoolValue(b)) => J::Bool(*b),
-        // Integral numbers stay integers, as templates compare them with ints.
-        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => J::from(*n as i64),
-        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n)
-            .map(J::Number)
-            .unwrap_or(J::Null),
-        Some(Kind::StringValue(s)) => J::String(s.clone()),
-        Some(Kind::StructValue(s)) => J::Object(struct_to_json(s)),
-        Some(Kind::ListValue(l)) => J::Array(l.values.iter().map(value_to_json).collect()),
-    }
 }
 
 /// Prompt token ids of a request's input (blocking: tokenizes).

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::ServiceError;
-use crate::template::{ChatTemplate, TemplateError, TemplateMessage};
+use crate::template::{ChatTemplate, RenderArgs, TemplateError};
 
 pub struct ModelRuntime {
     pub id: String,
@@ -21,6 +21,26 @@ pub struct ModelRuntime {
     /// Compiles structured-output requests; None when the tokenizer could
     /// not be mapped to bytes (then such requests are refused).
     pub grammars: Option<crate::structured::Grammars>,
+    /// The tokenizer's BOS and EOS text, for templates a request brings.
+    pub special_tokens: SpecialTokens,
+    /// Whether requests may bring their own chat template.
+    pub trust_request_chat_template: bool,
+}
+
+/// The text of the special tokens that templates refer to.
+#[derive(Debug, Clone, Default)]
+pub struct SpecialTokens {
+    pub bos: String,
+    pub eos: String,
+}
+
+/// Text-side options of a served model.
+#[derive(Debug, Clone, Default)]
+pub struct TextOptions {
+    /// A chat template (the text itself) to use instead of the model's.
+    pub chat_template: Option<String>,
+    /// Let requests bring their own chat template (`ChatInput.chat_template`).
+    pub trust_request_chat_template: bool,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -59,6 +79,16 @@ fn chat_template_source(dir: &Path, cfg: &Value) -> Option<String> {
 
 /// The text side of a model directory: its tokenizer and chat template.
 pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)> {
+    let (tok, template, _) = load_text_with(dir, None)?;
+    Ok((tok, template))
+}
+
+/// The text side of a model directory, with `template` (a template's text)
+/// replacing the directory's own chat template when given.
+pub fn load_text_with(
+    dir: &Path,
+    template: Option<&str>,
+) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>, SpecialTokens)> {
     let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
     let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
@@ -66,23 +96,40 @@ pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)
             .map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
         Err(_) => Value::Null,
     };
-    let template = match chat_template_source(dir, &cfg) {
+    let special = SpecialTokens {
+        bos: special(&cfg, "bos_token"),
+        eos: special(&cfg, "eos_token"),
+    };
+    let source = match template {
+        Some(t) => Some(t.to_string()),
+        None => chat_template_source(dir, &cfg),
+    };
+    let template = match source {
         Some(src) => Some(
-            ChatTemplate::new(
-                &src,
-                &special(&cfg, "bos_token"),
-                &special(&cfg, "eos_token"),
-            )
-            .map_err(|e| load_err(dir, e))?,
+            ChatTemplate::new(&src, &special.bos, &special.eos).map_err(|e| load_err(dir, e))?,
         ),
         None => None,
     };
-    Ok((tokenizer, template))
+    Ok((tokenizer, template, special))
+}
+
+/// `--chat-template`: a file's path, or (as vLLM allows) the template text
+/// itself when no such file exists and it looks like Jinja.
+pub fn chat_template_arg(arg: &str) -> anyhow::Result<String> {
+    match std::fs::read_to_string(arg) {
+        Ok(text) => Ok(text),
+        Err(_) if arg.contains("{{") || arg.contains("{%") => Ok(arg.to_string()),
+        Err(e) => Err(anyhow::anyhow!("--chat-template {arg}: {e}")),
+    }
 }
 
 impl ModelRuntime {
     /// Loads tokenizer, template and weights (blocking; seconds to minutes).
-    pub fn load(opts: EngineOptions, served_name: Option<String>) -> anyhow::Result<Self> {
+    pub fn load(
+        opts: EngineOptions,
+        served_name: Option<String>,
+        text: TextOptions,
+    ) -> anyhow::Result<Self> {
         let dir = opts.model_dir.clone();
         let dir = dir.as_path();
         if !dir.join("config.json").exists() {
@@ -91,7 +138,8 @@ impl ModelRuntime {
                 "no config.json there (run `make models` to build the demo models, or pass --model <HF dir>)",
             ));
         }
-        let (tokenizer, template) = load_text(dir)?;
+        let (tokenizer, template, special_tokens) =
+            load_text_with(dir, text.chat_template.as_deref())?;
         tracing::info!(model = %dir.display(), "loading model");
         let started = std::time::Instant::now();
         let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
@@ -127,6 +175,8 @@ impl ModelRuntime {
             tokenizer: Arc::new(tokenizer),
             template,
             grammars,
+            special_tokens,
+            trust_request_chat_template: text.trust_request_chat_template,
         })
     }
 
@@ -152,43 +202,51 @@ impl ModelRuntime {
             .map_err(|e| ServiceError::Internal(format!("tokenizer: {e}")))
     }
 
-    /// Renders chat messages with the model's template, with
-    /// `chat_template_kwargs` and `continue_final_message`.
+    /// Renders chat messages with the model's template, or with `own` (a
+    /// request's template, when the server trusts them).
     pub fn render_chat_with(
         &self,
-        messages: &[TemplateMessage],
-        add_generation_prompt: bool,
-        kwargs: &serde_json::Map<String, Value>,
-        continue_final_message: bool,
+        own: Option<&str>,
+        args: RenderArgs<'_>,
     ) -> Result<String, ServiceError> {
-        let Some(t) = &self.template else {
-            return Err(ServiceError::Unservable {
-                field: "chat".into(),
-                reason: "NO_CHAT_TEMPLATE",
-                message: format!(
-                    "the model `{}` has no chat template; send text input instead",
-                    self.id
-                ),
-            });
+        let compiled;
+        let template = match own {
+            Some(src) => {
+                if !self.trust_request_chat_template {
+                    return Err(ServiceError::invalid(
+                        "chat.chat_template",
+                        "REQUEST_CHAT_TEMPLATE_NOT_ALLOWED",
+                        "this server does not accept chat templates in requests (start it with --trust-request-chat-template)",
+                    ));
+                }
+                compiled =
+                    ChatTemplate::new(src, &self.special_tokens.bos, &self.special_tokens.eos)
+                        .map_err(|m| {
+                            ServiceError::invalid("chat.chat_template", "CHAT_TEMPLATE_ERROR", m)
+                        })?;
+                &compiled
+            }
+            None => self
+                .template
+                .as_ref()
+                .ok_or_else(|| ServiceError::Unservable {
+                    field: "chat".into(),
+                    reason: "NO_CHAT_TEMPLATE",
+                    message: format!(
+                        "the model `{}` has no chat template; send text input instead",
+                        self.id
+                    ),
+                })?,
         };
-        if messages.is_empty() {
+        if args.messages.is_empty() {
             return Err(ServiceError::invalid(
                 "chat.messages",
                 "EMPTY_MESSAGES",
                 "messages must not be empty",
             ));
         }
-        t.render_with(
-            messages,
-            add_generation_prompt,
-            kwargs,
-            continue_final_message,
-        )
-        .map_err(|e| match e {
-            TemplateError::Raised(m) => {
-                ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
-            }
-            TemplateError::Render(m) => {
+        template.render_with(args).map_err(|e| match e {
+            TemplateError::Raised(m) | TemplateError::Render(m) => {
                 ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
             }
         })

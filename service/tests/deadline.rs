@@ -24,10 +24,11 @@ fn model_dir() -> PathBuf {
 async fn a_stream_past_its_deadline_ends_with_deadline_exceeded() {
     let mut opts = EngineOptions::new(model_dir());
     opts.device = DeviceChoice::Cpu;
-    let rt = tokio::task::spawn_blocking(move || ModelRuntime::load(opts, None))
-        .await
-        .expect("join")
-        .expect("model loads (build fixtures with `make models`)");
+    let rt =
+        tokio::task::spawn_blocking(move || ModelRuntime::load(opts, None, Default::default()))
+            .await
+            .expect("join")
+            .expect("model loads (build fixtures with `make models`)");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

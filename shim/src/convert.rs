@@ -87,7 +87,7 @@ impl ChatRequest {
             .unwrap_or(false);
         let input = match messages.pop() {
             // nvext.use_raw_prompt: the last message's content, untemplated.
-            Some(last) if raw => pb::request::Input::Text(last.content),
+            Some(last) if raw => pb::request::Input::Text(last.content.unwrap_or_default()),
             last => {
                 messages.extend(last);
                 pb::request::Input::Chat(pb::ChatInput {
@@ -95,6 +95,8 @@ impl ChatRequest {
                     add_generation_prompt: chat.add_generation_prompt,
                     continue_final_message: chat.continue_final_message,
                     chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
+                    tools: Vec::new(),
+                    chat_template: chat.chat_template,
                 })
             }
         };
@@ -254,6 +256,14 @@ pub fn chat_messages(
                 Some(&format!("messages[{i}].role")),
             ));
         }
+        let tool_calls = m
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(j, c)| tool_call(c, &format!("messages[{i}].tool_calls[{j}]")))
+            .collect::<Result<_, _>>()?;
+        // OpenAI's legacy `function` role is a function's result: `tool`.
         let role = if m.role == "function" {
             "tool".to_string()
         } else {
@@ -261,11 +271,38 @@ pub fn chat_messages(
         };
         messages.push(pb::ChatMessage {
             role,
-            content: m.content.map(|c| c.0).unwrap_or_default(),
+            content: m.content.map(|c| c.0),
             name: m.name,
+            tool_calls,
+            tool_call_id: m.tool_call_id,
+            reasoning_content: m.reasoning_content,
         });
     }
     Ok(messages)
+}
+
+/// A wire tool call -> proto: arguments stay JSON text (an object sent
+/// instead of text is written as JSON text; the service parses it).
+fn tool_call(c: crate::openai::request::ToolCall, at: &str) -> Result<pb::ToolCall, ApiError> {
+    let arguments = match c.function.arguments {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s,
+        Some(v @ Value::Object(_)) => v.to_string(),
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "function.arguments must be a JSON string.",
+                Some(&format!("{at}.function.arguments")),
+            ));
+        }
+    };
+    Ok(pb::ToolCall {
+        id: c.id.unwrap_or_default(),
+        r#type: c.kind.unwrap_or_default(),
+        function: Some(pb::FunctionCall {
+            name: c.function.name,
+            arguments,
+        }),
+    })
 }
 
 /// A parsed `/v1/completions` body.
@@ -501,7 +538,11 @@ mod tests {
             "messages": [
                 {"role": "system", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"},
-                {"role": "assistant", "content": null, "tool_calls": []},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"b": 2}}}
+                ]},
+                {"role": "tool", "content": "ok", "tool_call_id": "c1"},
             ],
             "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": -1,
             "max_tokens": 10, "max_completion_tokens": 20, "stop": "END",
@@ -529,8 +570,22 @@ mod tests {
         let Some(pb::request::Input::Chat(input)) = req.input else {
             panic!("chat input expected");
         };
-        let contents: Vec<_> = input.messages.iter().map(|m| m.content.as_str()).collect();
-        assert_eq!(contents, ["be brief", "hi", ""]);
+        let contents: Vec<_> = input
+            .messages
+            .iter()
+            .map(|m| m.content.as_deref())
+            .collect();
+        assert_eq!(contents, [Some("be brief"), Some("hi"), None, Some("ok")]);
+        let calls: Vec<_> = input.messages[2]
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let f = c.function.as_ref().expect("function");
+                (c.id.as_str(), f.name.as_str(), f.arguments.as_str())
+            })
+            .collect();
+        assert_eq!(calls, [("c1", "f", "{\"a\": 1}"), ("c2", "g", "{\"b\":2}")]);
+        assert_eq!(input.messages[3].tool_call_id.as_deref(), Some("c1"));
         assert_eq!(input.messages[1].name.as_deref(), Some("ann"));
     }
 

@@ -236,7 +236,7 @@ async fn request_fields_reach_the_service() {
     let Some(gyre_api::v1::request::Input::Chat(chat)) = req.input else {
         panic!("chat input expected");
     };
-    assert_eq!(chat.messages[0].content, "a\nb");
+    assert_eq!(chat.messages[0].content.as_deref(), Some("a\nb"));
 }
 
 #[tokio::test]

@@ -142,6 +142,9 @@ pub struct ChatParams {
     pub continue_final_message: Option<bool>,
     /// Extension (vLLM): extra chat-template variables (e.g. enable_thinking).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Extension (vLLM): a chat template for this request (the server must
+    /// trust request templates).
+    pub chat_template: Option<String>,
 }
 
 /// `response_format`.
@@ -153,15 +156,40 @@ pub struct ResponseFormat {
     pub json_schema: Option<Value>,
 }
 
-/// One chat message. Keys other than these (tool_calls, ...) are ignored.
+/// One chat message. Keys other than these are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    /// A string or a list of text parts; null (assistant with tool calls)
-    /// counts as empty.
+    /// A string or a list of text parts; null or absent (an assistant turn
+    /// that only calls tools) is left unset (the service renders it empty).
     #[serde(default)]
     pub content: Option<MessageContent>,
     pub name: Option<String>,
+    /// The calls an assistant turn made.
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// For role "tool": the call this message answers.
+    pub tool_call_id: Option<String>,
+    /// An earlier assistant turn's reasoning (also accepted as `reasoning`).
+    #[serde(alias = "reasoning")]
+    pub reasoning_content: Option<String>,
+}
+
+/// A tool call in an assistant message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text as OpenAI sends it; an object is accepted too (and written
+    /// back as JSON text).
+    pub arguments: Option<Value>,
 }
 
 /// Message content flattened to text: a string, or a list of

@@ -27,6 +27,7 @@ struct TokenizeBody {
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    chat_template: Option<String>,
     add_special_tokens: Option<bool>,
 }
 
@@ -45,6 +46,8 @@ pub async fn tokenize(
             add_generation_prompt: b.add_generation_prompt,
             continue_final_message: b.continue_final_message,
             chat_template_kwargs: b.chat_template_kwargs.map(json_to_struct),
+            tools: Vec::new(),
+            chat_template: b.chat_template,
         }),
         _ => {
             return Err(ApiError::invalid_request(
