@@ -27,6 +27,7 @@ use crate::error::ServiceError;
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
 use crate::stop::{StopMatcher, StopOutcome};
+use crate::tools::{ParsedCall, ToolFormat, ToolStream};
 
 type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
 type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
@@ -157,6 +158,7 @@ async fn run(
     let tok = p.model.tokenizer.clone();
     let mut detok = IncrementalDecoder::new(p.skip_special);
     let mut stops = StopMatcher::new(p.stop.clone());
+    let mut tools = ToolSplit::new(p.tool_format);
     let prompt_tokens = p.engine_req.prompt.len() as u32;
     let mut generated = 0u32;
     let mut cached = 0u32;
@@ -249,18 +251,23 @@ async fn run(
                     }
                 };
                 match stops.push(&piece) {
-                    StopOutcome::Continue(text) => event(
-                        &tag,
-                        Ev::Delta(v1::Delta {
-                            text,
-                            token_ids: vec![t],
-                            logprobs: pending_logprobs.take().into_iter().collect(),
-                        }),
-                    ),
+                    StopOutcome::Continue(text) => {
+                        let (text, tool_calls) = tools.split(text);
+                        event(
+                            &tag,
+                            Ev::Delta(v1::Delta {
+                                text,
+                                token_ids: vec![t],
+                                logprobs: pending_logprobs.take().into_iter().collect(),
+                                tool_calls,
+                            }),
+                        )
+                    }
                     StopOutcome::Stopped(mut text, s) => {
                         if p.include_stop {
                             text.push_str(&s);
                         }
+                        let (text, tool_calls) = tools.split_last(text);
                         if out
                             .send(Ok(event(
                                 &tag,
@@ -268,6 +275,7 @@ async fn run(
                                     text,
                                     token_ids: vec![t],
                                     logprobs: pending_logprobs.take().into_iter().collect(),
+                                    tool_calls,
                                 }),
                             )))
                             .await
@@ -275,7 +283,8 @@ async fn run(
                         {
                             return;
                         }
-                        let f = finish(FinishReason::Stop, usage(generated, cached), Some(s), None);
+                        let f =
+                            finish(tools.stop_reason(), usage(generated, cached), Some(s), None);
                         let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                         return;
                     }
@@ -283,24 +292,29 @@ async fn run(
             }
             Some(Event::Finished { reason, usage: u }) => {
                 let mut tail = detok.flush(&tok).unwrap_or_default();
+                let tail_calls;
                 match stops.push(&tail) {
-                    StopOutcome::Continue(t) => tail = t + &stops.finish(),
+                    StopOutcome::Continue(t) => {
+                        (tail, tail_calls) = tools.split_last(t + &stops.finish());
+                    }
                     StopOutcome::Stopped(mut t, s) => {
                         if p.include_stop {
                             t.push_str(&s);
                         }
+                        let (text, tool_calls) = tools.split_last(t);
                         let _ = out
                             .send(Ok(event(
                                 &tag,
                                 Ev::Delta(v1::Delta {
-                                    text: t,
+                                    text,
                                     token_ids: vec![],
                                     logprobs: vec![],
+                                    tool_calls,
                                 }),
                             )))
                             .await;
                         let f = finish(
-                            FinishReason::Stop,
+                            tools.stop_reason(),
                             usage(u.completion_tokens, u.cached_tokens),
                             Some(s),
                             None,
@@ -309,7 +323,7 @@ async fn run(
                         return;
                     }
                 }
-                if !tail.is_empty()
+                if (!tail.is_empty() || !tail_calls.is_empty())
                     && out
                         .send(Ok(event(
                             &tag,
@@ -317,6 +331,7 @@ async fn run(
                                 text: tail,
                                 token_ids: vec![],
                                 logprobs: vec![],
+                                tool_calls: tail_calls,
                             }),
                         )))
                         .await
@@ -326,7 +341,7 @@ async fn run(
                 }
                 let f = match reason {
                     EngineFinish::Stop(t) => finish(
-                        FinishReason::Stop,
+                        tools.stop_reason(),
                         usage(u.completion_tokens, u.cached_tokens),
                         None,
                         Some(t),
@@ -359,6 +374,68 @@ async fn run(
         if out.send(Ok(msg)).await.is_err() {
             tracing::info!(request_id = %id, generated, "client went away; request cancelled");
             return;
+        }
+    }
+}
+
+/// Tool calls parsed out of one choice's text (when the request has tools).
+struct ToolSplit {
+    stream: Option<(ToolFormat, ToolStream)>,
+    calls: u32,
+}
+
+impl ToolSplit {
+    fn new(format: Option<ToolFormat>) -> Self {
+        Self {
+            stream: format.map(|f| (f, ToolStream::new(f))),
+            calls: 0,
+        }
+    }
+
+    fn typed(&mut self, format: ToolFormat, calls: Vec<ParsedCall>) -> Vec<v1::ToolCallDelta> {
+        calls
+            .into_iter()
+            .map(|c| {
+                let index = self.calls;
+                self.calls += 1;
+                v1::ToolCallDelta {
+                    index,
+                    id: format.call_id(),
+                    name: c.name,
+                    arguments: c.arguments,
+                }
+            })
+            .collect()
+    }
+
+    /// Content and completed calls of new text.
+    fn split(&mut self, text: String) -> (String, Vec<v1::ToolCallDelta>) {
+        let Some((format, stream)) = self.stream.as_mut() else {
+            return (text, Vec::new());
+        };
+        let format = *format;
+        let (content, calls) = stream.push(&text);
+        (content, self.typed(format, calls))
+    }
+
+    /// The same for the output's last text, flushing what was held back.
+    fn split_last(&mut self, text: String) -> (String, Vec<v1::ToolCallDelta>) {
+        let (mut content, mut calls) = self.split(text);
+        if let Some((format, stream)) = self.stream.as_mut() {
+            let format = *format;
+            let (c, k) = stream.finish();
+            content.push_str(&c);
+            calls.extend(self.typed(format, k));
+        }
+        (content, calls)
+    }
+
+    /// A normal end is TOOL_CALLS once the model made calls.
+    fn stop_reason(&self) -> FinishReason {
+        if self.calls > 0 {
+            FinishReason::ToolCalls
+        } else {
+            FinishReason::Stop
         }
     }
 }

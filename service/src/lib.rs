@@ -14,3 +14,4 @@ pub mod server;
 pub mod stop;
 pub mod structured;
 pub mod template;
+pub mod tools;

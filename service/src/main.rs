@@ -67,6 +67,11 @@ struct ModelArgs {
     /// Off by default: a template is code the server runs.
     #[arg(long, env = "GYRE_TRUST_REQUEST_CHAT_TEMPLATE")]
     trust_request_chat_template: bool,
+    /// How tool calls are parsed out of the output: hermes (<tool_call>,
+    /// Qwen), llama3_json, mistral, json. Default: what the chat template
+    /// uses.
+    #[arg(long, env = "GYRE_TOOL_CALL_PARSER", value_parser = ["hermes", "llama3_json", "mistral", "json"])]
+    tool_call_parser: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -169,6 +174,10 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
             .map(gyre_service::runtime::chat_template_arg)
             .transpose()?,
         trust_request_chat_template: args.trust_request_chat_template,
+        tool_call_parser: args
+            .tool_call_parser
+            .as_deref()
+            .and_then(gyre_service::tools::ToolFormat::from_name),
     };
     let rt =
         tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name, text))

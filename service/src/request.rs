@@ -9,6 +9,7 @@ use gyre_engine::{GenerateRequest, Sampling};
 use crate::chat::render_chat_input;
 use crate::error::ServiceError;
 use crate::runtime::ModelRuntime;
+use crate::tools::{FunctionSpec, ToolFormat};
 
 /// Most stop strings one request may give.
 pub const MAX_STOP_STRINGS: usize = 16;
@@ -26,6 +27,98 @@ pub struct Prepared {
     /// The prompt's text, when the request asked for it back (`echo` or
     /// `prompt_logprobs`).
     pub echo: Option<String>,
+    /// Parse tool calls out of the output, in this format.
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// What a request's tools ask for.
+enum ToolPlan {
+    /// No tools, or tool_choice NONE.
+    Off,
+    /// AUTO: parse the calls the model makes.
+    Parse(ToolFormat),
+    /// REQUIRED or FUNCTION: force a call to one of these functions
+    /// (several calls when parallel).
+    Force(ToolFormat, Vec<FunctionSpec>, bool),
+}
+
+fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, ServiceError> {
+    use v1::tool_choice::Mode;
+    let chat = match &req.input {
+        Some(Input::Chat(c)) => c,
+        _ => return Ok(ToolPlan::Off),
+    };
+    let choice = chat.tool_choice.clone().unwrap_or_default();
+    let mode = Mode::try_from(choice.mode).unwrap_or(Mode::Auto);
+    if chat.tools.is_empty() {
+        return match mode {
+            Mode::Auto | Mode::None if chat.tool_choice.is_none() || mode == Mode::None => {
+                Ok(ToolPlan::Off)
+            }
+            _ => Err(ServiceError::invalid(
+                "chat.tool_choice",
+                "TOOL_CHOICE_WITHOUT_TOOLS",
+                "tool_choice needs tools",
+            )),
+        };
+    }
+    let format = model
+        .tool_call_parser
+        .or_else(|| {
+            chat.chat_template
+                .as_deref()
+                .map(ToolFormat::detect)
+                .or_else(|| model.template.as_ref().map(|t| t.tool_format))
+        })
+        .unwrap_or(ToolFormat::Json);
+    let spec = |i: usize, t: &v1::Tool| -> Result<FunctionSpec, ServiceError> {
+        let f = t.function.clone().unwrap_or_default();
+        let parameters = match f.parameters.as_deref() {
+            None | Some("") => serde_json::Value::Null,
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                ServiceError::invalid(
+                    format!("chat.tools[{i}].function.parameters"),
+                    "INVALID_TOOL",
+                    format!("the parameters are not JSON: {e}"),
+                )
+            })?,
+        };
+        Ok(FunctionSpec {
+            name: f.name,
+            parameters,
+        })
+    };
+    let parallel = chat.parallel_tool_calls.unwrap_or(true);
+    match mode {
+        Mode::None => Ok(ToolPlan::Off),
+        Mode::Auto => Ok(ToolPlan::Parse(format)),
+        Mode::Required => {
+            let functions = chat
+                .tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| spec(i, t))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ToolPlan::Force(format, functions, parallel))
+        }
+        Mode::Function => {
+            let Some((i, t)) = chat.tools.iter().enumerate().find(|(_, t)| {
+                t.function
+                    .as_ref()
+                    .is_some_and(|f| f.name == choice.function)
+            }) else {
+                return Err(ServiceError::invalid(
+                    "chat.tool_choice",
+                    "UNKNOWN_TOOL",
+                    format!(
+                        "tool_choice names `{}`, which is not among the tools",
+                        choice.function
+                    ),
+                ));
+            };
+            Ok(ToolPlan::Force(format, vec![spec(i, t)?], parallel))
+        }
+    }
 }
 
 /// The model a request names; empty means the first one.
@@ -176,7 +269,19 @@ fn sampling(
 /// Validates a request and builds the engine request (blocking: tokenizes).
 pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepared, ServiceError> {
     let model = resolve(models, &req.model)?;
-    let (prompt, prompt_text) = prompt_with_text(&model, req.input.as_ref())?;
+    let tools = tool_plan(&model, req)?;
+    // tool_choice NONE: the template does not see the tools.
+    let cleared;
+    let input = match (&req.input, &tools) {
+        (Some(Input::Chat(chat)), ToolPlan::Off) if !chat.tools.is_empty() => {
+            let mut c = chat.clone();
+            c.tools.clear();
+            cleared = Input::Chat(c);
+            Some(&cleared)
+        }
+        (input, _) => input.as_ref(),
+    };
+    let (prompt, prompt_text) = prompt_with_text(&model, input)?;
     let sampling = sampling(&model, req.sampling.as_ref())?;
     if req.stop.len() > MAX_STOP_STRINGS {
         return Err(ServiceError::invalid(
@@ -263,6 +368,31 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             }
         },
     };
+    let (tool_format, constraint) = match tools {
+        ToolPlan::Off => (None, constraint),
+        ToolPlan::Parse(f) => (Some(f), constraint),
+        ToolPlan::Force(f, functions, parallel) => {
+            if constraint.is_some() {
+                return Err(ServiceError::invalid(
+                    "chat.tool_choice",
+                    "CONFLICTING_CONSTRAINTS",
+                    "a required or named tool_choice cannot be combined with a structured output",
+                ));
+            }
+            let Some(g) = &model.grammars else {
+                return Err(ServiceError::invalid(
+                    "chat.tool_choice",
+                    "UNSUPPORTED_STRUCTURE",
+                    "forcing tool calls is not available for this model's tokenizer",
+                ));
+            };
+            let lark = crate::tools::forcing_grammar(f, &functions, parallel);
+            let forced = v1::StructuredOutput {
+                kind: Some(v1::structured_output::Kind::Grammar(lark)),
+            };
+            (Some(f), g.compile(&forced)?)
+        }
+    };
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -283,6 +413,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         include_stop: req.include_stop_str_in_output,
         skip_special,
         n: req.n.unwrap_or(1),
+        tool_format,
         echo,
     })
 }

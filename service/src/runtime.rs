@@ -25,6 +25,8 @@ pub struct ModelRuntime {
     pub special_tokens: SpecialTokens,
     /// Whether requests may bring their own chat template.
     pub trust_request_chat_template: bool,
+    /// --tool-call-parser: overrides the format the chat template implies.
+    pub tool_call_parser: Option<crate::tools::ToolFormat>,
 }
 
 /// The text of the special tokens that templates refer to.
@@ -41,6 +43,8 @@ pub struct TextOptions {
     pub chat_template: Option<String>,
     /// Let requests bring their own chat template (`ChatInput.chat_template`).
     pub trust_request_chat_template: bool,
+    /// The tool-call format to parse, instead of the template's own.
+    pub tool_call_parser: Option<crate::tools::ToolFormat>,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -177,6 +181,7 @@ impl ModelRuntime {
             grammars,
             special_tokens,
             trust_request_chat_template: text.trust_request_chat_template,
+            tool_call_parser: text.tool_call_parser,
         })
     }
 

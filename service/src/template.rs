@@ -17,6 +17,8 @@ use serde_json::{Map, Value as Json};
 /// A compiled chat template with the special tokens it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The tool-call format the template asks its model to use.
+    pub tool_format: crate::tools::ToolFormat,
     source_mentions_content: bool,
     bos_token: String,
     eos_token: String,
@@ -73,6 +75,7 @@ impl ChatTemplate {
             .map_err(|e| format!("invalid chat template: {e}"))?;
         Ok(Self {
             env,
+            tool_format: crate::tools::ToolFormat::detect(source),
             source_mentions_content: source.contains("content"),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),

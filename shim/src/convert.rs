@@ -73,9 +73,14 @@ impl ChatRequest {
                 Some("top_logprobs"),
             ));
         }
-        if chat.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::unsupported("tools", "Tool calling"));
-        }
+        let tools = chat
+            .tools
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| tool_spec(t, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tool_choice = chat.tool_choice.as_ref().map(tool_choice).transpose()?;
         let format = response_format(chat.response_format.as_ref())?;
         let mut messages = chat_messages(chat.messages)?;
         let logprobs_k = logprobs;
@@ -95,8 +100,10 @@ impl ChatRequest {
                     add_generation_prompt: chat.add_generation_prompt,
                     continue_final_message: chat.continue_final_message,
                     chat_template_kwargs: chat.chat_template_kwargs.map(json_to_struct),
-                    tools: Vec::new(),
+                    tools,
                     chat_template: chat.chat_template,
+                    tool_choice,
+                    parallel_tool_calls: chat.parallel_tool_calls,
                 })
             }
         };
@@ -113,6 +120,88 @@ impl ChatRequest {
         }
         Ok((request, mode))
     }
+}
+
+/// An OpenAI function tool `{"type": "function", "function": {"name",
+/// "description", "parameters", "strict"}}`.
+fn tool_spec(t: Value, i: usize) -> Result<pb::Tool, ApiError> {
+    let bad = |what: &str, at: &str| ApiError::invalid_request(what.to_string(), Some(at));
+    let at = format!("tools[{i}]");
+    let kind = t.get("type").and_then(Value::as_str).unwrap_or("function");
+    if kind != "function" {
+        return Err(bad(
+            &format!("Only function tools are supported, got type '{kind}'."),
+            &format!("{at}.type"),
+        ));
+    }
+    let f = t
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            bad(
+                "A tool needs a 'function' object.",
+                &format!("{at}.function"),
+            )
+        })?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| bad("A function needs a name.", &format!("{at}.function.name")))?;
+    let parameters = match f.get("parameters") {
+        None | Some(Value::Null) => None,
+        Some(p @ Value::Object(_)) => Some(p.to_string()),
+        Some(_) => {
+            return Err(bad(
+                "Function parameters must be a JSON Schema object.",
+                &format!("{at}.function.parameters"),
+            ));
+        }
+    };
+    Ok(pb::Tool {
+        r#type: "function".into(),
+        function: Some(pb::FunctionDefinition {
+            name: name.to_string(),
+            description: f
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            parameters,
+            strict: f.get("strict").and_then(Value::as_bool),
+        }),
+    })
+}
+
+/// OpenAI's `tool_choice`.
+fn tool_choice(v: &Value) -> Result<pb::ToolChoice, ApiError> {
+    use pb::tool_choice::Mode;
+    let bad = || {
+        ApiError::invalid_request(
+            "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+            Some("tool_choice"),
+        )
+    };
+    let (mode, function) = match v {
+        Value::String(s) => match s.as_str() {
+            "none" => (Mode::None, String::new()),
+            "auto" => (Mode::Auto, String::new()),
+            "required" => (Mode::Required, String::new()),
+            _ => return Err(bad()),
+        },
+        Value::Object(o) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(bad)?;
+            (Mode::Function, name.to_string())
+        }
+        _ => return Err(bad()),
+    };
+    Ok(pb::ToolChoice {
+        mode: mode as i32,
+        function,
+    })
 }
 
 /// OpenAI's `response_format` as a structure to enforce (None for text).
@@ -646,7 +735,7 @@ mod tests {
             ),
             (
                 json!({"model": "m", "messages": msgs, "tools": [{"type": "function"}]}),
-                "tools",
+                "tools[0].function",
             ),
             (
                 json!({"model": "m", "messages": msgs, "top_logprobs": 2}),

@@ -82,6 +82,12 @@ pub trait ChunkFormat: Send + 'static {
     fn echo(&mut self, index: u32, echo: &PromptEcho) -> Option<Event>;
     /// A chunk without choices, as JSON, for annotation events to extend.
     fn empty_chunk(&self) -> serde_json::Value;
+    /// The chunk carrying tool calls of choice `index` (chat only: the
+    /// other endpoints never ask for tools).
+    fn tool_calls(&mut self, index: u32, calls: &[gyre_api::v1::ToolCallDelta]) -> Event {
+        let _ = calls;
+        self.text(index, "", &[])
+    }
     /// The chunk carrying choice `index`'s `finish_reason`.
     fn finish(&self, index: u32, reason: &'static str) -> Event;
     /// The usage-only chunk, or `None` when the client did not ask for it.
@@ -169,6 +175,9 @@ impl<F: ChunkFormat> Driver<F> {
                 }
                 events.extend(self.format.echo(index, &echo));
                 Some(events)
+            }
+            Ok(Step::ToolCalls { index, calls }) => {
+                Some(vec![self.format.tool_calls(index, &calls)])
             }
             Ok(Step::Finished { index, reason }) => Some(vec![self.format.finish(index, reason)]),
             Ok(Step::End { usage }) => {

@@ -63,6 +63,11 @@ pub enum Step {
     /// The prompt sent back for choice `index` (the request asked for
     /// `echo`), before any of its text.
     Echo { index: u32, echo: pb::PromptEcho },
+    /// Tool calls choice `index` made (after any text of the same delta).
+    ToolCalls {
+        index: u32,
+        calls: Vec<pb::ToolCallDelta>,
+    },
     /// Choice `index` ended with OpenAI's `finish_reason`.
     Finished { index: u32, reason: &'static str },
     /// Every choice ended: token counts (prompt once, completions summed).
@@ -74,6 +79,8 @@ pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
     /// The first step, read by [`Generation::start`].
     peeked: Option<Step>,
+    /// Tool calls of a delta whose text was returned first.
+    pending: Option<Step>,
     /// When the configured request timeout passes; the shim enforces it on
     /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
     deadline: Option<Instant>,
@@ -89,6 +96,8 @@ pub struct Generation {
 pub struct Collected {
     /// Text, finish reason and token logprobs of each choice, by index.
     pub choices: Vec<(String, &'static str, Vec<pb::TokenLogprob>)>,
+    /// The tool calls of each choice, by index.
+    pub tool_calls: Vec<Vec<pb::ToolCallDelta>>,
     /// The prompt sent back for each choice, when the request asked for it.
     pub echoes: Vec<Option<pb::PromptEcho>>,
     pub usage: Usage,
@@ -115,6 +124,7 @@ impl Generation {
         let mut generation = Self {
             stream,
             peeked: None,
+            pending: None,
             deadline,
             api,
             n,
@@ -130,6 +140,9 @@ impl Generation {
     /// Call no more after `Finished` or an error.
     pub async fn next(&mut self) -> Result<Step, ApiError> {
         if let Some(step) = self.peeked.take() {
+            return Ok(step);
+        }
+        if let Some(step) = self.pending.take() {
             return Ok(step);
         }
         if self.finished == self.n {
@@ -156,10 +169,22 @@ impl Generation {
                 Some(Event::Delta(delta))
                     if !delta.text.is_empty() || !delta.logprobs.is_empty() =>
                 {
+                    if !delta.tool_calls.is_empty() {
+                        self.pending = Some(Step::ToolCalls {
+                            index,
+                            calls: delta.tool_calls,
+                        });
+                    }
                     return Ok(Step::Text {
                         index,
                         text: delta.text,
                         logprobs: delta.logprobs,
+                    });
+                }
+                Some(Event::Delta(delta)) if !delta.tool_calls.is_empty() => {
+                    return Ok(Step::ToolCalls {
+                        index,
+                        calls: delta.tool_calls,
                     });
                 }
                 Some(Event::Prompt(echo)) => return Ok(Step::Echo { index, echo }),
@@ -254,6 +279,12 @@ impl Merged {
                         echo,
                     });
                 }
+                Step::ToolCalls { index, calls } => {
+                    return Ok(Step::ToolCalls {
+                        index: base + index,
+                        calls,
+                    });
+                }
                 Step::Finished { index, reason } => {
                     return Ok(Step::Finished {
                         index: base + index,
@@ -279,8 +310,14 @@ impl Merged {
     pub async fn collect(mut self, choices: u32) -> Result<Collected, ApiError> {
         let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
         let mut echoes = vec![None; choices as usize];
+        let mut tool_calls = vec![Vec::new(); choices as usize];
         loop {
             match self.next().await? {
+                Step::ToolCalls { index, calls } => {
+                    if let Some(c) = tool_calls.get_mut(index as usize) {
+                        c.extend(calls);
+                    }
+                }
                 Step::Text {
                     index,
                     text,
@@ -306,6 +343,7 @@ impl Merged {
                     return Ok(Collected {
                         choices: out,
                         echoes,
+                        tool_calls,
                         usage,
                     });
                 }
@@ -321,6 +359,7 @@ fn finish_step(finish: pb::Finish, api: Api) -> Result<(&'static str, Usage), Ap
     let reason = match FinishReason::try_from(finish.reason) {
         Ok(FinishReason::Stop) => "stop",
         Ok(FinishReason::Length) => "length",
+        Ok(FinishReason::ToolCalls) => "tool_calls",
         Ok(reason @ (FinishReason::Cancelled | FinishReason::Error)) => {
             return Err(match (&finish.error, reason) {
                 (Some(error), _) => ApiError::from_request_error(error, api),

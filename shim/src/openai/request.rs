@@ -131,8 +131,13 @@ pub struct ChatParams {
     pub logprobs: Option<bool>,
     /// With `logprobs`: how many most likely alternatives (0 to 20).
     pub top_logprobs: Option<u32>,
-    /// Not supported yet: refused when non-empty.
+    /// Functions the model may call (OpenAI's function tools).
     pub tools: Option<Vec<Value>>,
+    /// "none", "auto", "required" or `{"type": "function", "function":
+    /// {"name": ...}}`.
+    pub tool_choice: Option<Value>,
+    /// With forced calls: false allows exactly one.
+    pub parallel_tool_calls: Option<bool>,
     /// `text`, `json_object`, or `json_schema` (enforced by constrained
     /// decoding).
     pub response_format: Option<ResponseFormat>,

@@ -165,26 +165,69 @@ pub struct ChatChoice {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the model only called tools.
+    pub content: Option<String>,
     pub refusal: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A tool call in a response: `{"id", "type": "function", "function":
+/// {"name", "arguments"}}`; in a stream chunk also `index`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+impl ToolCallOut {
+    pub fn from_delta(c: &gyre_api::v1::ToolCallDelta, streamed: bool) -> Self {
+        Self {
+            index: streamed.then_some(c.index),
+            id: c.id.clone(),
+            kind: "function",
+            function: FunctionOut {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        }
+    }
 }
 
 impl ChatCompletion {
-    /// One choice per (content, finish_reason, logprobs), indexed in order.
-    pub fn new(meta: Meta, choices: Vec<(String, &'static str, NoLogprobs)>, usage: Usage) -> Self {
+    /// One choice per (content, finish_reason, logprobs, tool calls),
+    /// indexed in order.
+    pub fn new(
+        meta: Meta,
+        choices: Vec<(String, &'static str, NoLogprobs, Vec<ToolCallOut>)>,
+        usage: Usage,
+    ) -> Self {
         let choices = choices
             .into_iter()
             .zip(0u32..)
-            .map(|((content, finish_reason, logprobs), index)| ChatChoice {
-                index,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content,
-                    refusal: None,
+            .map(
+                |((content, finish_reason, logprobs, tool_calls), index)| ChatChoice {
+                    index,
+                    message: AssistantMessage {
+                        role: "assistant",
+                        content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
+                        refusal: None,
+                        tool_calls,
+                    },
+                    logprobs,
+                    finish_reason,
                 },
-                logprobs,
-                finish_reason,
-            })
+            )
             .collect();
         Self {
             meta,
@@ -223,6 +266,8 @@ pub struct ChunkDelta<'a> {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 /// A `text_completion`, whole or one streamed chunk of it.
@@ -303,7 +348,7 @@ mod tests {
         });
         let value = serde_json::to_value(ChatCompletion::new(
             meta(),
-            vec![("hi".into(), "stop", None)],
+            vec![("hi".into(), "stop", None, Vec::new())],
             usage,
         ))
         .expect("serializes");

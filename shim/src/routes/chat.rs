@@ -12,7 +12,7 @@ use crate::convert::ChatRequest;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
 use crate::openai::response::{
-    ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, Usage, chat_logprobs,
+    ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, ToolCallOut, Usage, chat_logprobs,
 };
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Merged;
@@ -46,7 +46,19 @@ pub async fn create(
     let choices = out
         .choices
         .into_iter()
-        .map(|(text, reason, lps)| (text, reason, want_logprobs.then(|| chat_logprobs(&lps))))
+        .zip(out.tool_calls)
+        .map(|((text, reason, lps), calls)| {
+            let calls = calls
+                .iter()
+                .map(|c| ToolCallOut::from_delta(c, false))
+                .collect();
+            (
+                text,
+                reason,
+                want_logprobs.then(|| chat_logprobs(&lps)),
+                calls,
+            )
+        })
         .collect();
     let completion = ChatCompletion::new(meta, choices, out.usage);
     Ok(Json(completion).into_response())
@@ -85,6 +97,7 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: Some("assistant"),
             content: Some(""),
+            tool_calls: Vec::new(),
         };
         Some(self.chunk(index, delta, None, None))
     }
@@ -93,9 +106,22 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: None,
             content: Some(text),
+            tool_calls: Vec::new(),
         };
         let logprobs = (!logprobs.is_empty()).then(|| chat_logprobs(logprobs));
         self.chunk(index, delta, logprobs, None)
+    }
+
+    fn tool_calls(&mut self, index: u32, calls: &[gyre_api::v1::ToolCallDelta]) -> Event {
+        let delta = ChunkDelta {
+            role: None,
+            content: None,
+            tool_calls: calls
+                .iter()
+                .map(|c| ToolCallOut::from_delta(c, true))
+                .collect(),
+        };
+        self.chunk(index, delta, None, None)
     }
 
     /// The prompt is never part of a chat answer (only of annotations).

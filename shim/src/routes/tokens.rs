@@ -48,6 +48,8 @@ pub async fn tokenize(
             chat_template_kwargs: b.chat_template_kwargs.map(json_to_struct),
             tools: Vec::new(),
             chat_template: b.chat_template,
+            tool_choice: None,
+            parallel_tool_calls: None,
         }),
         _ => {
             return Err(ApiError::invalid_request(

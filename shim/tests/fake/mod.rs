@@ -74,6 +74,7 @@ fn delta(id: &str, text: &str) -> Result<pb::GenerateResponse, Status> {
             text: text.to_owned(),
             token_ids: vec![7],
             logprobs: vec![],
+            tool_calls: vec![],
         })),
     })
 }
