@@ -68,9 +68,10 @@ struct ModelArgs {
     #[arg(long, env = "GYRE_TRUST_REQUEST_CHAT_TEMPLATE")]
     trust_request_chat_template: bool,
     /// How tool calls are parsed out of the output: hermes (<tool_call>,
-    /// Qwen), llama3_json, mistral, json. Default: what the chat template
-    /// uses.
-    #[arg(long, env = "GYRE_TOOL_CALL_PARSER", value_parser = ["hermes", "llama3_json", "mistral", "json"])]
+    /// Qwen), llama3_json, mistral, deepseek, json. Default: what the chat
+    /// template uses. Mistral's and DeepSeek's markers are special tokens,
+    /// kept in the text for the parser.
+    #[arg(long, env = "GYRE_TOOL_CALL_PARSER", value_parser = ["hermes", "llama3_json", "mistral", "deepseek", "json"])]
     tool_call_parser: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,

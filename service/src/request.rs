@@ -411,7 +411,8 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         engine_req,
         stop: req.stop.clone(),
         include_stop: req.include_stop_str_in_output,
-        skip_special,
+        // Formats whose markers are special tokens need them in the text.
+        skip_special: skip_special && !tool_format.is_some_and(ToolFormat::needs_special_tokens),
         n: req.n.unwrap_or(1),
         tool_format,
         echo,

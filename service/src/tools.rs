@@ -11,6 +11,10 @@
 //!   `<|python_tag|>`, several separated by `;`).
 //! - `mistral`: `[TOOL_CALLS]` then a JSON list of
 //!   `{"name": ..., "arguments": {...}}` (or the newer `name[ARGS]{...}`).
+//! - `deepseek` (DeepSeek V3 / R1 distills / V3.1): after
+//!   `<｜tool▁calls▁begin｜>`, calls `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}
+//!   <｜tool▁call▁end｜>` (V3.1) or `...function<｜tool▁sep｜>name` and the
+//!   arguments in a ```json block (V3, R1).
 //! - `json` (fallback): the whole output is one call object or a list of
 //!   them, with `arguments` or `parameters`.
 
@@ -23,6 +27,7 @@ pub enum ToolFormat {
     Hermes,
     Llama3Json,
     Mistral,
+    DeepSeek,
     Json,
 }
 
@@ -33,6 +38,7 @@ impl ToolFormat {
             "hermes" | "qwen" => Some(Self::Hermes),
             "llama3_json" | "llama" => Some(Self::Llama3Json),
             "mistral" => Some(Self::Mistral),
+            "deepseek" | "deepseek_v3" | "deepseek_v31" => Some(Self::DeepSeek),
             "json" => Some(Self::Json),
             _ => None,
         }
@@ -43,6 +49,7 @@ impl ToolFormat {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::DeepSeek => "deepseek",
             Self::Json => "json",
         }
     }
@@ -53,6 +60,8 @@ impl ToolFormat {
             Self::Hermes
         } else if template.contains("[TOOL_CALLS]") {
             Self::Mistral
+        } else if template.contains(DS_CALLS_BEGIN) {
+            Self::DeepSeek
         } else if template.contains("<|python_tag|>") || template.contains("\"parameters\"") {
             Self::Llama3Json
         } else {
@@ -89,6 +98,19 @@ const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const MISTRAL_MARK: &str = "[TOOL_CALLS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
+const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
+const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
+
+impl ToolFormat {
+    /// Whether the format's markers are special tokens that must stay in
+    /// the decoded text for the parser to see them.
+    pub fn needs_special_tokens(self) -> bool {
+        matches!(self, Self::Mistral | Self::DeepSeek)
+    }
+}
 
 /// Splits streamed text into content and tool calls. Text that may be the
 /// start of a call is held back until it is decided, so no markup reaches
@@ -124,6 +146,7 @@ impl ToolStream {
         match self.format {
             ToolFormat::Hermes => self.hermes(false),
             ToolFormat::Mistral => self.marker(MISTRAL_MARK),
+            ToolFormat::DeepSeek => self.marker(DS_CALLS_BEGIN),
             ToolFormat::Llama3Json | ToolFormat::Json => self.whole(),
         }
     }
@@ -305,6 +328,33 @@ fn parse_calls(format: ToolFormat, text: &str) -> Option<Vec<ParsedCall>> {
                 })
                 .collect()
         }
+        ToolFormat::DeepSeek => {
+            let t = t.strip_suffix(DS_CALLS_END).unwrap_or(t).trim();
+            t.split(DS_CALL_BEGIN)
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(|part| {
+                    let part = part.strip_suffix(DS_CALL_END).unwrap_or(part).trim();
+                    let (head, rest) = part.split_once(DS_SEP)?;
+                    let (name, args) = if head.trim() == "function" && rest.contains("```") {
+                        // V3 / R1: function<sep>name\n```json\n{...}\n```
+                        let (name, block) = rest.split_once('\n')?;
+                        let block = block.trim();
+                        let block = block.strip_prefix("```json").unwrap_or(block);
+                        let block = block.strip_suffix("```").unwrap_or(block);
+                        (name.trim(), block.trim())
+                    } else {
+                        (head.trim(), rest.trim())
+                    };
+                    serde_json::from_str::<Value>(args).ok()?;
+                    Some(ParsedCall {
+                        name: name.to_string(),
+                        arguments: args.to_string(),
+                    })
+                })
+                .collect::<Option<Vec<_>>>()
+                .filter(|v| !v.is_empty())
+        }
         ToolFormat::Llama3Json => from_json(t).or_else(|| {
             // Several calls separated by ';'.
             t.split(';')
@@ -377,6 +427,41 @@ pub fn forcing_grammar(format: ToolFormat, functions: &[FunctionSpec], parallel:
                 o.insert("maxItems".into(), json!(1));
             }
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {list}\n")
+        }
+        ToolFormat::DeepSeek => {
+            // V3.1's form: name<sep>{arguments}, one rule per function.
+            let rules: Vec<String> = functions
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let params = if f.parameters.is_object() {
+                        f.parameters.clone()
+                    } else {
+                        json!({"type": "object"})
+                    };
+                    let mut params = params;
+                    if let Some(o) = params.as_object_mut()
+                        && !o.contains_key("x-guidance")
+                    {
+                        o.insert(
+                            "x-guidance".into(),
+                            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+                        );
+                    }
+                    let name = serde_json::to_string(&format!("{DS_CALL_BEGIN}{}{DS_SEP}", f.name))
+                        .unwrap_or_default();
+                    let end = serde_json::to_string(DS_CALL_END).unwrap_or_default();
+                    format!("call{i}: {name} args{i} {end}\nargs{i}: %json {params}\n")
+                })
+                .collect();
+            let alts: Vec<String> = (0..functions.len()).map(|i| format!("call{i}")).collect();
+            let begin = serde_json::to_string(DS_CALLS_BEGIN).unwrap_or_default();
+            let end = serde_json::to_string(DS_CALLS_END).unwrap_or_default();
+            format!(
+                "start: {begin} call{many} {end}\ncall: {}\n{}",
+                alts.join(" | "),
+                rules.concat()
+            )
         }
         ToolFormat::Llama3Json | ToolFormat::Json => {
             if parallel {
@@ -494,6 +579,32 @@ mod tests {
         assert_eq!(
             parse_all(ToolFormat::Mistral, new).1,
             vec![call("f", r#"{"x": 1}"#), call("g", "{}")]
+        );
+    }
+
+    #[test]
+    fn deepseek_both_formats() {
+        let v31 = "Let me see.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let want = (
+            "Let me see.".to_string(),
+            vec![
+                call("get_weather", r#"{"city": "Oslo"}"#),
+                call("get_time", "{}"),
+            ],
+        );
+        assert_eq!(parse_all(ToolFormat::DeepSeek, v31), want);
+        assert_eq!(stream_in_pieces(ToolFormat::DeepSeek, v31, 2), want);
+        let v3 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        assert_eq!(
+            parse_all(ToolFormat::DeepSeek, v3),
+            (
+                String::new(),
+                vec![call("get_weather", r#"{"city": "Oslo"}"#)]
+            )
+        );
+        assert_eq!(
+            ToolFormat::detect("{{'<｜tool▁calls▁begin｜>'}}"),
+            ToolFormat::DeepSeek
         );
     }
 
