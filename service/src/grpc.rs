@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::detok::IncrementalDecoder;
 use crate::error::ServiceError;
+use crate::reasoning::Splitter;
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
 use crate::stop::{StopMatcher, StopOutcome};
@@ -157,15 +158,19 @@ async fn run(
     let tok = p.model.tokenizer.clone();
     let mut detok = IncrementalDecoder::new(p.skip_special);
     let mut stops = StopMatcher::new(p.stop.clone());
+    // Stop strings apply to the whole output (reasoning too, as in vLLM);
+    // what they release is then split into reasoning and answer.
+    let mut reasoning = p.reasoning.map(|r| r.splitter());
     let prompt_tokens = p.engine_req.prompt.len() as u32;
     let mut generated = 0u32;
     let mut cached = 0u32;
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
-    let usage = |completion, cached| v1::Usage {
+    let usage = |completion, cached, r: &Option<Splitter>| v1::Usage {
         prompt_tokens,
         completion_tokens: completion,
         cached_tokens: cached,
+        reasoning_tokens: r.as_ref().map(Splitter::reasoning_tokens),
     };
     let finish = |reason: FinishReason,
                   u: v1::Usage,
@@ -181,7 +186,7 @@ async fn run(
         let ev = tokio::select! {
             biased;
             _ = cancelled(&mut cancel) => {
-                let f = finish(FinishReason::Cancelled, usage(generated, cached), None, None);
+                let f = finish(FinishReason::Cancelled, usage(generated, cached, &reasoning), None, None);
                 let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                 return;
             }
@@ -249,23 +254,29 @@ async fn run(
                     }
                 };
                 match stops.push(&piece) {
-                    StopOutcome::Continue(text) => event(
-                        &tag,
-                        Ev::Delta(v1::Delta {
-                            text,
-                            token_ids: vec![t],
-                            logprobs: pending_logprobs.take().into_iter().collect(),
-                        }),
-                    ),
+                    StopOutcome::Continue(text) => {
+                        let (text, thought) = route(&mut reasoning, text, 1, false);
+                        event(
+                            &tag,
+                            Ev::Delta(v1::Delta {
+                                text,
+                                token_ids: vec![t],
+                                logprobs: pending_logprobs.take().into_iter().collect(),
+                                reasoning: thought,
+                            }),
+                        )
+                    }
                     StopOutcome::Stopped(mut text, s) => {
                         if p.include_stop {
                             text.push_str(&s);
                         }
+                        let (text, thought) = route(&mut reasoning, text, 1, true);
                         if out
                             .send(Ok(event(
                                 &tag,
                                 Ev::Delta(v1::Delta {
                                     text,
+                                    reasoning: thought,
                                     token_ids: vec![t],
                                     logprobs: pending_logprobs.take().into_iter().collect(),
                                 }),
@@ -275,7 +286,12 @@ async fn run(
                         {
                             return;
                         }
-                        let f = finish(FinishReason::Stop, usage(generated, cached), Some(s), None);
+                        let f = finish(
+                            FinishReason::Stop,
+                            usage(generated, cached, &reasoning),
+                            Some(s),
+                            None,
+                        );
                         let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                         return;
                     }
@@ -289,11 +305,13 @@ async fn run(
                         if p.include_stop {
                             t.push_str(&s);
                         }
+                        let (t, thought) = route(&mut reasoning, t, 0, true);
                         let _ = out
                             .send(Ok(event(
                                 &tag,
                                 Ev::Delta(v1::Delta {
                                     text: t,
+                                    reasoning: thought,
                                     token_ids: vec![],
                                     logprobs: vec![],
                                 }),
@@ -301,7 +319,7 @@ async fn run(
                             .await;
                         let f = finish(
                             FinishReason::Stop,
-                            usage(u.completion_tokens, u.cached_tokens),
+                            usage(u.completion_tokens, u.cached_tokens, &reasoning),
                             Some(s),
                             None,
                         );
@@ -309,12 +327,14 @@ async fn run(
                         return;
                     }
                 }
-                if !tail.is_empty()
+                let (tail, thought) = route(&mut reasoning, tail, 0, true);
+                if !(tail.is_empty() && thought.is_empty())
                     && out
                         .send(Ok(event(
                             &tag,
                             Ev::Delta(v1::Delta {
                                 text: tail,
+                                reasoning: thought,
                                 token_ids: vec![],
                                 logprobs: vec![],
                             }),
@@ -327,13 +347,13 @@ async fn run(
                 let f = match reason {
                     EngineFinish::Stop(t) => finish(
                         FinishReason::Stop,
-                        usage(u.completion_tokens, u.cached_tokens),
+                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
                         None,
                         Some(t),
                     ),
                     EngineFinish::Length => finish(
                         FinishReason::Length,
-                        usage(u.completion_tokens, u.cached_tokens),
+                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
                         None,
                         None,
                     ),
@@ -361,6 +381,21 @@ async fn run(
             return;
         }
     }
+}
+
+/// Splits released text (of `tokens` generated tokens) into answer and
+/// reasoning; `last`: the output ends here, release everything.
+fn route(r: &mut Option<Splitter>, text: String, tokens: u32, last: bool) -> (String, String) {
+    let Some(s) = r else {
+        return (text, String::new());
+    };
+    let mut out = s.push(&text, tokens);
+    if last {
+        let rest = s.finish();
+        out.content.push_str(&rest.content);
+        out.reasoning.push_str(&rest.reasoning);
+    }
+    (out.content, out.reasoning)
 }
 
 /// A token's log-probabilities for the API, with each token's text.

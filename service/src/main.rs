@@ -67,6 +67,13 @@ struct ModelArgs {
     /// Off by default: a template is code the server runs.
     #[arg(long, env = "GYRE_TRUST_REQUEST_CHAT_TEMPLATE")]
     trust_request_chat_template: bool,
+    /// How reasoning sections are split from the answer: `auto` (from the
+    /// chat template: `think` when it mentions `</think>`, `mistral` for
+    /// `[/THINK]`), `none`, `think` (`<think>...</think>`; aliases qwen3,
+    /// qwq, smollm3, granite, deepseek_v3), `deepseek_r1` (the same markers,
+    /// output always starts inside the section) or `mistral` (`[THINK]`).
+    #[arg(long, env = "GYRE_REASONING_PARSER", default_value = "auto")]
+    reasoning_parser: gyre_service::reasoning::ParserChoice,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -169,6 +176,7 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
             .map(gyre_service::runtime::chat_template_arg)
             .transpose()?,
         trust_request_chat_template: args.trust_request_chat_template,
+        reasoning_parser: args.reasoning_parser,
     };
     let rt =
         tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name, text))

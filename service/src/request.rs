@@ -8,6 +8,7 @@ use gyre_engine::{GenerateRequest, Sampling};
 
 use crate::chat::render_chat_input;
 use crate::error::ServiceError;
+use crate::reasoning::{ReasoningParser, Splitter};
 use crate::runtime::ModelRuntime;
 
 /// Most stop strings one request may give.
@@ -26,6 +27,58 @@ pub struct Prepared {
     /// The prompt's text, when the request asked for it back (`echo` or
     /// `prompt_logprobs`).
     pub echo: Option<String>,
+    /// How to split reasoning from the answer, when this request's is parsed.
+    pub reasoning: Option<Reasoning>,
+}
+
+/// A request's reasoning parser, and whether its prompt left the output
+/// inside a reasoning section.
+#[derive(Debug, Clone, Copy)]
+pub struct Reasoning {
+    pub parser: ReasoningParser,
+    pub open: bool,
+}
+
+impl Reasoning {
+    pub fn splitter(&self) -> Splitter {
+        Splitter::new(&self.parser, self.open)
+    }
+}
+
+/// The reasoning parsing of a request: chat input only (as vLLM), unless
+/// `separate_reasoning` is false or `chat_template_kwargs.enable_thinking`
+/// is false (no reasoning section is expected then).
+fn reasoning_of(
+    model: &ModelRuntime,
+    req: &v1::Request,
+    prompt: Option<&str>,
+) -> Option<Reasoning> {
+    let Some(Input::Chat(chat)) = &req.input else {
+        return None;
+    };
+    if req.separate_reasoning == Some(false) {
+        return None;
+    }
+    let thinking_off = chat
+        .chat_template_kwargs
+        .as_ref()
+        .and_then(|k| k.fields.get("enable_thinking"))
+        .and_then(|v| match v.kind {
+            Some(prost_types::value::Kind::BoolValue(b)) => Some(!b),
+            _ => None,
+        })
+        .unwrap_or(false);
+    if thinking_off {
+        return None;
+    }
+    let parser = match chat.chat_template.as_deref() {
+        Some(own) => model.reasoning_choice.resolve(Some(own)),
+        None => model.reasoning,
+    }?;
+    Some(Reasoning {
+        parser,
+        open: parser.opened_by(prompt.unwrap_or("")),
+    })
 }
 
 /// The model a request names; empty means the first one.
@@ -177,6 +230,7 @@ fn sampling(
 pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepared, ServiceError> {
     let model = resolve(models, &req.model)?;
     let (prompt, prompt_text) = prompt_with_text(&model, req.input.as_ref())?;
+    let reasoning = reasoning_of(&model, req, prompt_text.as_deref());
     let sampling = sampling(&model, req.sampling.as_ref())?;
     if req.stop.len() > MAX_STOP_STRINGS {
         return Err(ServiceError::invalid(
@@ -263,6 +317,20 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             }
         },
     };
+    // With reasoning, the structure applies to the answer only: the engine
+    // leaves the output free until the end marker's tokens (and, unless the
+    // prompt opened the section, lets it begin with the start marker).
+    let constraint = match (constraint, reasoning) {
+        (Some(c), Some(r)) => {
+            let start = if r.open {
+                None
+            } else {
+                Some(model.encode(r.parser.start, false)?)
+            };
+            Some(c.after_section(start, model.encode(r.parser.end, false)?))
+        }
+        (c, _) => c,
+    };
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -284,5 +352,6 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         skip_special,
         n: req.n.unwrap_or(1),
         echo,
+        reasoning,
     })
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::ServiceError;
+use crate::reasoning::{ParserChoice, ReasoningParser};
 use crate::template::{ChatTemplate, RenderArgs, TemplateError};
 
 pub struct ModelRuntime {
@@ -25,6 +26,10 @@ pub struct ModelRuntime {
     pub special_tokens: SpecialTokens,
     /// Whether requests may bring their own chat template.
     pub trust_request_chat_template: bool,
+    /// `--reasoning-parser` (applied to a request's own template too).
+    pub reasoning_choice: ParserChoice,
+    /// The reasoning markers of the model's template, when it has any.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// The text of the special tokens that templates refer to.
@@ -41,6 +46,8 @@ pub struct TextOptions {
     pub chat_template: Option<String>,
     /// Let requests bring their own chat template (`ChatInput.chat_template`).
     pub trust_request_chat_template: bool,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: ParserChoice,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -158,6 +165,13 @@ impl ModelRuntime {
             context = info.max_model_len,
             "model ready"
         );
+        let reasoning = text
+            .reasoning_parser
+            .resolve(template.as_ref().map(ChatTemplate::source));
+        tracing::info!(
+            parser = reasoning.map_or("none", |p| p.name),
+            "reasoning parser"
+        );
         let id = served_name.unwrap_or_else(|| {
             dir.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -177,6 +191,8 @@ impl ModelRuntime {
             grammars,
             special_tokens,
             trust_request_chat_template: text.trust_request_chat_template,
+            reasoning_choice: text.reasoning_parser,
+            reasoning,
         })
     }
 

@@ -17,6 +17,7 @@ use serde_json::{Map, Value as Json};
 /// A compiled chat template with the special tokens it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     source_mentions_content: bool,
     bos_token: String,
     eos_token: String,
@@ -73,10 +74,16 @@ impl ChatTemplate {
             .map_err(|e| format!("invalid chat template: {e}"))?;
         Ok(Self {
             env,
+            source: source.to_string(),
             source_mentions_content: source.contains("content"),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         })
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders plain messages with no tools, kwargs or continuation.

@@ -60,6 +60,9 @@ pub enum Step {
         text: String,
         logprobs: Vec<pb::TokenLogprob>,
     },
+    /// New reasoning text of choice `index` (before any `Text` of the same
+    /// delta).
+    Reasoning { index: u32, text: String },
     /// The prompt sent back for choice `index` (the request asked for
     /// `echo`), before any of its text.
     Echo { index: u32, echo: pb::PromptEcho },
@@ -72,8 +75,9 @@ pub enum Step {
 /// One running `GenerateStream` call.
 pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
-    /// The first step, read by [`Generation::start`].
-    peeked: Option<Step>,
+    /// Steps read ahead: the first (read by [`Generation::start`]) and the
+    /// answer text of a delta that also carried reasoning.
+    peeked: std::collections::VecDeque<Step>,
     /// When the configured request timeout passes; the shim enforces it on
     /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
     deadline: Option<Instant>,
@@ -91,6 +95,8 @@ pub struct Collected {
     pub choices: Vec<(String, &'static str, Vec<pb::TokenLogprob>)>,
     /// The prompt sent back for each choice, when the request asked for it.
     pub echoes: Vec<Option<pb::PromptEcho>>,
+    /// Reasoning text of each choice, by index (empty: none).
+    pub reasoning: Vec<String>,
     pub usage: Usage,
 }
 
@@ -114,7 +120,7 @@ impl Generation {
             .into_inner();
         let mut generation = Self {
             stream,
-            peeked: None,
+            peeked: Default::default(),
             deadline,
             api,
             n,
@@ -122,14 +128,14 @@ impl Generation {
             usage: Usage::default(),
         };
         let first = generation.next().await?;
-        generation.peeked = Some(first);
+        generation.peeked.push_front(first);
         Ok(generation)
     }
 
     /// The next step; deltas without text (token ids only) are skipped.
     /// Call no more after `Finished` or an error.
     pub async fn next(&mut self) -> Result<Step, ApiError> {
-        if let Some(step) = self.peeked.take() {
+        if let Some(step) = self.peeked.pop_front() {
             return Ok(step);
         }
         if self.finished == self.n {
@@ -153,6 +159,17 @@ impl Generation {
                 )));
             }
             match response.event {
+                Some(Event::Delta(mut delta)) if !delta.reasoning.is_empty() => {
+                    let text = std::mem::take(&mut delta.reasoning);
+                    if !delta.text.is_empty() || !delta.logprobs.is_empty() {
+                        self.peeked.push_back(Step::Text {
+                            index,
+                            text: delta.text,
+                            logprobs: delta.logprobs,
+                        });
+                    }
+                    return Ok(Step::Reasoning { index, text });
+                }
                 Some(Event::Delta(delta))
                     if !delta.text.is_empty() || !delta.logprobs.is_empty() =>
                 {
@@ -171,6 +188,7 @@ impl Generation {
                     self.usage.prompt_tokens = usage.prompt_tokens;
                     self.usage.prompt_tokens_details = usage.prompt_tokens_details;
                     self.usage.completion_tokens += usage.completion_tokens;
+                    self.usage.add_reasoning(usage.completion_tokens_details);
                     self.usage.total_tokens =
                         self.usage.prompt_tokens + self.usage.completion_tokens;
                     return Ok(Step::Finished { index, reason });
@@ -248,6 +266,12 @@ impl Merged {
                         logprobs,
                     });
                 }
+                Step::Reasoning { index, text } => {
+                    return Ok(Step::Reasoning {
+                        index: base + index,
+                        text,
+                    });
+                }
                 Step::Echo { index, echo } => {
                     return Ok(Step::Echo {
                         index: base + index,
@@ -266,6 +290,7 @@ impl Merged {
                     self.usage.total_tokens += usage.total_tokens;
                     self.usage.prompt_tokens_details.cached_tokens +=
                         usage.prompt_tokens_details.cached_tokens;
+                    self.usage.add_reasoning(usage.completion_tokens_details);
                     self.remaining -= 1;
                     if self.remaining == 0 {
                         return Ok(Step::End { usage: self.usage });
@@ -279,6 +304,7 @@ impl Merged {
     pub async fn collect(mut self, choices: u32) -> Result<Collected, ApiError> {
         let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
         let mut echoes = vec![None; choices as usize];
+        let mut reasoning = vec![String::new(); choices as usize];
         loop {
             match self.next().await? {
                 Step::Text {
@@ -291,6 +317,11 @@ impl Merged {
                     })?;
                     c.0.push_str(&text);
                     c.2.extend(logprobs);
+                }
+                Step::Reasoning { index, text } => {
+                    if let Some(r) = reasoning.get_mut(index as usize) {
+                        r.push_str(&text);
+                    }
                 }
                 Step::Echo { index, echo } => {
                     if let Some(e) = echoes.get_mut(index as usize) {
@@ -306,6 +337,7 @@ impl Merged {
                     return Ok(Collected {
                         choices: out,
                         echoes,
+                        reasoning,
                         usage,
                     });
                 }
@@ -353,6 +385,7 @@ mod tests {
                 prompt_tokens: 4,
                 completion_tokens: 2,
                 cached_tokens: 0,
+                ..Default::default()
             }),
             error,
             ..Default::default()

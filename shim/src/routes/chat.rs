@@ -48,7 +48,7 @@ pub async fn create(
         .into_iter()
         .map(|(text, reason, lps)| (text, reason, want_logprobs.then(|| chat_logprobs(&lps))))
         .collect();
-    let completion = ChatCompletion::new(meta, choices, out.usage);
+    let completion = ChatCompletion::new(meta, choices, out.usage).with_reasoning(out.reasoning);
     Ok(Json(completion).into_response())
 }
 
@@ -85,6 +85,7 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: Some("assistant"),
             content: Some(""),
+            ..Default::default()
         };
         Some(self.chunk(index, delta, None, None))
     }
@@ -93,9 +94,19 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: None,
             content: Some(text),
+            ..Default::default()
         };
         let logprobs = (!logprobs.is_empty()).then(|| chat_logprobs(logprobs));
         self.chunk(index, delta, logprobs, None)
+    }
+
+    fn reasoning(&mut self, index: u32, text: &str) -> Option<Event> {
+        let delta = ChunkDelta {
+            reasoning_content: Some(text),
+            reasoning: Some(text),
+            ..Default::default()
+        };
+        Some(self.chunk(index, delta, None, None))
     }
 
     /// The prompt is never part of a chat answer (only of annotations).
