@@ -62,9 +62,16 @@ fn send_logprobs(g: &Gen, row: &[f32], tok: u32) {
 /// Samples the next token of `g` from its logits `row`, within its
 /// constraint if it has one.
 fn sample_next(g: &mut Gen, row: &[f32]) -> Result<u32, EngineError> {
-    let Some(c) = g.req.constraint.as_mut() else {
+    let constrained = g.req.constraint.as_ref().is_some_and(|c| !c.is_free());
+    let (Some(c), true) = (g.req.constraint.as_mut(), constrained) else {
+        // Free text (or a reasoning section before its structure applies).
         let suppress = suppressed(g);
-        return Ok(g.sampler.sample(row, &suppress));
+        let tok = g.sampler.sample(row, &suppress);
+        if let Some(c) = g.req.constraint.as_mut() {
+            c.consume(tok)
+                .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+        }
+        return Ok(tok);
     };
     let mut masked = row.to_vec();
     c.mask(&mut masked)

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::detok::IncrementalDecoder;
 use crate::error::ServiceError;
+use crate::reasoning::Splitter;
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
 use crate::stop::{StopMatcher, StopOutcome};
@@ -159,15 +160,19 @@ async fn run(
     let mut detok = IncrementalDecoder::new(p.skip_special);
     let mut stops = StopMatcher::new(p.stop.clone());
     let mut tools = ToolSplit::new(p.tool_format);
+    // Stop strings apply to the whole output (reasoning too, as in vLLM);
+    // what they release is then split into reasoning and answer.
+    let mut reasoning = p.reasoning.map(|r| r.splitter());
     let prompt_tokens = p.engine_req.prompt.len() as u32;
     let mut generated = 0u32;
     let mut cached = 0u32;
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
-    let usage = |completion, cached| v1::Usage {
+    let usage = |completion, cached, r: &Option<Splitter>| v1::Usage {
         prompt_tokens,
         completion_tokens: completion,
         cached_tokens: cached,
+        reasoning_tokens: r.as_ref().map(Splitter::reasoning_tokens),
     };
     let finish = |reason: FinishReason,
                   u: v1::Usage,
@@ -183,7 +188,7 @@ async fn run(
         let ev = tokio::select! {
             biased;
             _ = cancelled(&mut cancel) => {
-                let f = finish(FinishReason::Cancelled, usage(generated, cached), None, None);
+                let f = finish(FinishReason::Cancelled, usage(generated, cached, &reasoning), None, None);
                 let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                 return;
             }
@@ -252,6 +257,7 @@ async fn run(
                 };
                 match stops.push(&piece) {
                     StopOutcome::Continue(text) => {
+                        let (text, thought) = route(&mut reasoning, text, 1, false);
                         let (text, tool_calls) = tools.split(text);
                         event(
                             &tag,
@@ -260,6 +266,7 @@ async fn run(
                                 token_ids: vec![t],
                                 logprobs: pending_logprobs.take().into_iter().collect(),
                                 tool_calls,
+                                reasoning: thought,
                             }),
                         )
                     }
@@ -267,12 +274,14 @@ async fn run(
                         if p.include_stop {
                             text.push_str(&s);
                         }
+                        let (text, thought) = route(&mut reasoning, text, 1, true);
                         let (text, tool_calls) = tools.split_last(text);
                         if out
                             .send(Ok(event(
                                 &tag,
                                 Ev::Delta(v1::Delta {
                                     text,
+                                    reasoning: thought,
                                     token_ids: vec![t],
                                     logprobs: pending_logprobs.take().into_iter().collect(),
                                     tool_calls,
@@ -283,8 +292,12 @@ async fn run(
                         {
                             return;
                         }
-                        let f =
-                            finish(tools.stop_reason(), usage(generated, cached), Some(s), None);
+                        let f = finish(
+                            tools.stop_reason(),
+                            usage(generated, cached, &reasoning),
+                            Some(s),
+                            None,
+                        );
                         let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
                         return;
                     }
@@ -292,21 +305,25 @@ async fn run(
             }
             Some(Event::Finished { reason, usage: u }) => {
                 let mut tail = detok.flush(&tok).unwrap_or_default();
-                let tail_calls;
+                let (tail_calls, tail_thought);
                 match stops.push(&tail) {
                     StopOutcome::Continue(t) => {
-                        (tail, tail_calls) = tools.split_last(t + &stops.finish());
+                        let (answer, thought) = route(&mut reasoning, t + &stops.finish(), 0, true);
+                        tail_thought = thought;
+                        (tail, tail_calls) = tools.split_last(answer);
                     }
                     StopOutcome::Stopped(mut t, s) => {
                         if p.include_stop {
                             t.push_str(&s);
                         }
+                        let (t, thought) = route(&mut reasoning, t, 0, true);
                         let (text, tool_calls) = tools.split_last(t);
                         let _ = out
                             .send(Ok(event(
                                 &tag,
                                 Ev::Delta(v1::Delta {
                                     text,
+                                    reasoning: thought,
                                     token_ids: vec![],
                                     logprobs: vec![],
                                     tool_calls,
@@ -315,7 +332,7 @@ async fn run(
                             .await;
                         let f = finish(
                             tools.stop_reason(),
-                            usage(u.completion_tokens, u.cached_tokens),
+                            usage(u.completion_tokens, u.cached_tokens, &reasoning),
                             Some(s),
                             None,
                         );
@@ -323,12 +340,13 @@ async fn run(
                         return;
                     }
                 }
-                if (!tail.is_empty() || !tail_calls.is_empty())
+                if !(tail.is_empty() && tail_thought.is_empty() && tail_calls.is_empty())
                     && out
                         .send(Ok(event(
                             &tag,
                             Ev::Delta(v1::Delta {
                                 text: tail,
+                                reasoning: tail_thought,
                                 token_ids: vec![],
                                 logprobs: vec![],
                                 tool_calls: tail_calls,
@@ -342,13 +360,13 @@ async fn run(
                 let f = match reason {
                     EngineFinish::Stop(t) => finish(
                         tools.stop_reason(),
-                        usage(u.completion_tokens, u.cached_tokens),
+                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
                         None,
                         Some(t),
                     ),
                     EngineFinish::Length => finish(
                         FinishReason::Length,
-                        usage(u.completion_tokens, u.cached_tokens),
+                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
                         None,
                         None,
                     ),
@@ -438,6 +456,21 @@ impl ToolSplit {
             FinishReason::Stop
         }
     }
+}
+
+/// Splits released text (of `tokens` generated tokens) into answer and
+/// reasoning; `last`: the output ends here, release everything.
+fn route(r: &mut Option<Splitter>, text: String, tokens: u32, last: bool) -> (String, String) {
+    let Some(s) = r else {
+        return (text, String::new());
+    };
+    let mut out = s.push(&text, tokens);
+    if last {
+        let rest = s.finish();
+        out.content.push_str(&rest.content);
+        out.reasoning.push_str(&rest.reasoning);
+    }
+    (out.content, out.reasoning)
 }
 
 /// A token's log-probabilities for the API, with each token's text.

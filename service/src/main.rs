@@ -73,6 +73,13 @@ struct ModelArgs {
     /// kept in the text for the parser.
     #[arg(long, env = "GYRE_TOOL_CALL_PARSER", value_parser = ["hermes", "llama3_json", "mistral", "deepseek", "json"])]
     tool_call_parser: Option<String>,
+    /// How reasoning sections are split from the answer: `auto` (from the
+    /// chat template: `think` when it mentions `</think>`, `mistral` for
+    /// `[/THINK]`), `none`, `think` (`<think>...</think>`; aliases qwen3,
+    /// qwq, smollm3, granite, deepseek_v3), `deepseek_r1` (the same markers,
+    /// output always starts inside the section) or `mistral` (`[THINK]`).
+    #[arg(long, env = "GYRE_REASONING_PARSER", default_value = "auto")]
+    reasoning_parser: gyre_service::reasoning::ParserChoice,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -179,6 +186,7 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
             .tool_call_parser
             .as_deref()
             .and_then(gyre_service::tools::ToolFormat::from_name),
+        reasoning_parser: args.reasoning_parser,
     };
     let rt =
         tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name, text))

@@ -8,6 +8,7 @@ use gyre_engine::{GenerateRequest, Sampling};
 
 use crate::chat::render_chat_input;
 use crate::error::ServiceError;
+use crate::reasoning::{ReasoningParser, Splitter};
 use crate::runtime::ModelRuntime;
 use crate::tools::{FunctionSpec, ToolFormat};
 
@@ -29,6 +30,8 @@ pub struct Prepared {
     pub echo: Option<String>,
     /// Parse tool calls out of the output, in this format.
     pub tool_format: Option<ToolFormat>,
+    /// How to split reasoning from the answer, when this request's is parsed.
+    pub reasoning: Option<Reasoning>,
 }
 
 /// What a request's tools ask for.
@@ -119,6 +122,56 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
             Ok(ToolPlan::Force(format, vec![spec(i, t)?], parallel))
         }
     }
+}
+
+/// A request's reasoning parser, and whether its prompt left the output
+/// inside a reasoning section.
+#[derive(Debug, Clone, Copy)]
+pub struct Reasoning {
+    pub parser: ReasoningParser,
+    pub open: bool,
+}
+
+impl Reasoning {
+    pub fn splitter(&self) -> Splitter {
+        Splitter::new(&self.parser, self.open)
+    }
+}
+
+/// The reasoning parsing of a request: chat input only (as vLLM), unless
+/// `separate_reasoning` is false or `chat_template_kwargs.enable_thinking`
+/// is false (no reasoning section is expected then).
+fn reasoning_of(
+    model: &ModelRuntime,
+    req: &v1::Request,
+    prompt: Option<&str>,
+) -> Option<Reasoning> {
+    let Some(Input::Chat(chat)) = &req.input else {
+        return None;
+    };
+    if req.separate_reasoning == Some(false) {
+        return None;
+    }
+    let thinking_off = chat
+        .chat_template_kwargs
+        .as_ref()
+        .and_then(|k| k.fields.get("enable_thinking"))
+        .and_then(|v| match v.kind {
+            Some(prost_types::value::Kind::BoolValue(b)) => Some(!b),
+            _ => None,
+        })
+        .unwrap_or(false);
+    if thinking_off {
+        return None;
+    }
+    let parser = match chat.chat_template.as_deref() {
+        Some(own) => model.reasoning_choice.resolve(Some(own)),
+        None => model.reasoning,
+    }?;
+    Some(Reasoning {
+        parser,
+        open: parser.opened_by(prompt.unwrap_or("")),
+    })
 }
 
 /// The model a request names; empty means the first one.
@@ -282,6 +335,7 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         (input, _) => input.as_ref(),
     };
     let (prompt, prompt_text) = prompt_with_text(&model, input)?;
+    let reasoning = reasoning_of(&model, req, prompt_text.as_deref());
     let sampling = sampling(&model, req.sampling.as_ref())?;
     if req.stop.len() > MAX_STOP_STRINGS {
         return Err(ServiceError::invalid(
@@ -393,6 +447,20 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
             (Some(f), g.compile(&forced)?)
         }
     };
+    // With reasoning, the structure applies to the answer only: the engine
+    // leaves the output free until the end marker's tokens (and, unless the
+    // prompt opened the section, lets it begin with the start marker).
+    let constraint = match (constraint, reasoning) {
+        (Some(c), Some(r)) => {
+            let start = if r.open {
+                None
+            } else {
+                Some(model.encode(r.parser.start, false)?)
+            };
+            Some(c.after_section(start, model.encode(r.parser.end, false)?))
+        }
+        (c, _) => c,
+    };
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -416,5 +484,6 @@ pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepar
         n: req.n.unwrap_or(1),
         tool_format,
         echo,
+        reasoning,
     })
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::ServiceError;
+use crate::reasoning::{ParserChoice, ReasoningParser};
 use crate::template::{ChatTemplate, RenderArgs, TemplateError};
 
 pub struct ModelRuntime {
@@ -27,6 +28,10 @@ pub struct ModelRuntime {
     pub trust_request_chat_template: bool,
     /// --tool-call-parser: overrides the format the chat template implies.
     pub tool_call_parser: Option<crate::tools::ToolFormat>,
+    /// `--reasoning-parser` (applied to a request's own template too).
+    pub reasoning_choice: ParserChoice,
+    /// The reasoning markers of the model's template, when it has any.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// The text of the special tokens that templates refer to.
@@ -45,6 +50,8 @@ pub struct TextOptions {
     pub trust_request_chat_template: bool,
     /// The tool-call format to parse, instead of the template's own.
     pub tool_call_parser: Option<crate::tools::ToolFormat>,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: ParserChoice,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -162,6 +169,13 @@ impl ModelRuntime {
             context = info.max_model_len,
             "model ready"
         );
+        let reasoning = text
+            .reasoning_parser
+            .resolve(template.as_ref().map(ChatTemplate::source));
+        tracing::info!(
+            parser = reasoning.map_or("none", |p| p.name),
+            "reasoning parser"
+        );
         let id = served_name.unwrap_or_else(|| {
             dir.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -182,6 +196,8 @@ impl ModelRuntime {
             special_tokens,
             trust_request_chat_template: text.trust_request_chat_template,
             tool_call_parser: text.tool_call_parser,
+            reasoning_choice: text.reasoning_parser,
+            reasoning,
         })
     }
 

@@ -19,6 +19,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// The tool-call format the template asks its model to use.
     pub tool_format: crate::tools::ToolFormat,
+    source: String,
     source_mentions_content: bool,
     bos_token: String,
     eos_token: String,
@@ -76,10 +77,16 @@ impl ChatTemplate {
         Ok(Self {
             env,
             tool_format: crate::tools::ToolFormat::detect(source),
+            source: source.to_string(),
             source_mentions_content: source.contains("content"),
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
         })
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders plain messages with no tools, kwargs or continuation.

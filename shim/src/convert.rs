@@ -567,6 +567,7 @@ fn common_to_proto(
         logit_bias.insert(id, bias);
     }
     let request = pb::Request {
+        separate_reasoning: None,
         request_id: request_id.to_owned(),
         model: common.model,
         input: Some(input),

@@ -78,6 +78,10 @@ pub trait ChunkFormat: Send + 'static {
     fn opening(&self, index: u32) -> Option<Event>;
     /// A chunk carrying new text of choice `index` and its tokens' logprobs.
     fn text(&mut self, index: u32, text: &str, logprobs: &[gyre_api::v1::TokenLogprob]) -> Event;
+    /// A chunk carrying reasoning text of choice `index` (chat only).
+    fn reasoning(&mut self, _index: u32, _text: &str) -> Option<Event> {
+        None
+    }
     /// The chunk carrying the prompt sent back for choice `index` (`echo`).
     fn echo(&mut self, index: u32, echo: &PromptEcho) -> Option<Event>;
     /// A chunk without choices, as JSON, for annotation events to extend.
@@ -162,6 +166,9 @@ impl<F: ChunkFormat> Driver<F> {
                 text,
                 logprobs,
             }) => Some(vec![self.format.text(index, &text, &logprobs)]),
+            Ok(Step::Reasoning { index, text }) => {
+                Some(self.format.reasoning(index, &text).into_iter().collect())
+            }
             Ok(Step::Echo { index, echo }) => {
                 let mut events = Vec::new();
                 if index % self.annotations.per_prompt.max(1) == 0 {

@@ -60,6 +60,9 @@ pub enum Step {
         text: String,
         logprobs: Vec<pb::TokenLogprob>,
     },
+    /// New reasoning text of choice `index` (before any `Text` of the same
+    /// delta).
+    Reasoning { index: u32, text: String },
     /// The prompt sent back for choice `index` (the request asked for
     /// `echo`), before any of its text.
     Echo { index: u32, echo: pb::PromptEcho },
@@ -77,10 +80,9 @@ pub enum Step {
 /// One running `GenerateStream` call.
 pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
-    /// The first step, read by [`Generation::start`].
-    peeked: Option<Step>,
-    /// Tool calls of a delta whose text was returned first.
-    pending: Option<Step>,
+    /// Steps read ahead: the first (read by [`Generation::start`]) and the
+    /// answer text of a delta that also carried reasoning.
+    peeked: std::collections::VecDeque<Step>,
     /// When the configured request timeout passes; the shim enforces it on
     /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
     deadline: Option<Instant>,
@@ -100,6 +102,8 @@ pub struct Collected {
     pub tool_calls: Vec<Vec<pb::ToolCallDelta>>,
     /// The prompt sent back for each choice, when the request asked for it.
     pub echoes: Vec<Option<pb::PromptEcho>>,
+    /// Reasoning text of each choice, by index (empty: none).
+    pub reasoning: Vec<String>,
     pub usage: Usage,
 }
 
@@ -123,8 +127,7 @@ impl Generation {
             .into_inner();
         let mut generation = Self {
             stream,
-            peeked: None,
-            pending: None,
+            peeked: Default::default(),
             deadline,
             api,
             n,
@@ -132,17 +135,14 @@ impl Generation {
             usage: Usage::default(),
         };
         let first = generation.next().await?;
-        generation.peeked = Some(first);
+        generation.peeked.push_front(first);
         Ok(generation)
     }
 
     /// The next step; deltas without text (token ids only) are skipped.
     /// Call no more after `Finished` or an error.
     pub async fn next(&mut self) -> Result<Step, ApiError> {
-        if let Some(step) = self.peeked.take() {
-            return Ok(step);
-        }
-        if let Some(step) = self.pending.take() {
+        if let Some(step) = self.peeked.pop_front() {
             return Ok(step);
         }
         if self.finished == self.n {
@@ -166,11 +166,28 @@ impl Generation {
                 )));
             }
             match response.event {
+                Some(Event::Delta(mut delta)) if !delta.reasoning.is_empty() => {
+                    let text = std::mem::take(&mut delta.reasoning);
+                    if !delta.text.is_empty() || !delta.logprobs.is_empty() {
+                        self.peeked.push_back(Step::Text {
+                            index,
+                            text: delta.text,
+                            logprobs: delta.logprobs,
+                        });
+                    }
+                    if !delta.tool_calls.is_empty() {
+                        self.peeked.push_back(Step::ToolCalls {
+                            index,
+                            calls: delta.tool_calls,
+                        });
+                    }
+                    return Ok(Step::Reasoning { index, text });
+                }
                 Some(Event::Delta(delta))
                     if !delta.text.is_empty() || !delta.logprobs.is_empty() =>
                 {
                     if !delta.tool_calls.is_empty() {
-                        self.pending = Some(Step::ToolCalls {
+                        self.peeked.push_back(Step::ToolCalls {
                             index,
                             calls: delta.tool_calls,
                         });
@@ -196,6 +213,7 @@ impl Generation {
                     self.usage.prompt_tokens = usage.prompt_tokens;
                     self.usage.prompt_tokens_details = usage.prompt_tokens_details;
                     self.usage.completion_tokens += usage.completion_tokens;
+                    self.usage.add_reasoning(usage.completion_tokens_details);
                     self.usage.total_tokens =
                         self.usage.prompt_tokens + self.usage.completion_tokens;
                     return Ok(Step::Finished { index, reason });
@@ -273,6 +291,12 @@ impl Merged {
                         logprobs,
                     });
                 }
+                Step::Reasoning { index, text } => {
+                    return Ok(Step::Reasoning {
+                        index: base + index,
+                        text,
+                    });
+                }
                 Step::Echo { index, echo } => {
                     return Ok(Step::Echo {
                         index: base + index,
@@ -297,6 +321,7 @@ impl Merged {
                     self.usage.total_tokens += usage.total_tokens;
                     self.usage.prompt_tokens_details.cached_tokens +=
                         usage.prompt_tokens_details.cached_tokens;
+                    self.usage.add_reasoning(usage.completion_tokens_details);
                     self.remaining -= 1;
                     if self.remaining == 0 {
                         return Ok(Step::End { usage: self.usage });
@@ -311,6 +336,7 @@ impl Merged {
         let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
         let mut echoes = vec![None; choices as usize];
         let mut tool_calls = vec![Vec::new(); choices as usize];
+        let mut reasoning = vec![String::new(); choices as usize];
         loop {
             match self.next().await? {
                 Step::ToolCalls { index, calls } => {
@@ -329,6 +355,11 @@ impl Merged {
                     c.0.push_str(&text);
                     c.2.extend(logprobs);
                 }
+                Step::Reasoning { index, text } => {
+                    if let Some(r) = reasoning.get_mut(index as usize) {
+                        r.push_str(&text);
+                    }
+                }
                 Step::Echo { index, echo } => {
                     if let Some(e) = echoes.get_mut(index as usize) {
                         *e = Some(echo);
@@ -344,6 +375,7 @@ impl Merged {
                         choices: out,
                         echoes,
                         tool_calls,
+                        reasoning,
                         usage,
                     });
                 }
@@ -392,6 +424,7 @@ mod tests {
                 prompt_tokens: 4,
                 completion_tokens: 2,
                 cached_tokens: 0,
+                ..Default::default()
             }),
             error,
             ..Default::default()

@@ -48,6 +48,26 @@ pub struct Usage {
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Present when the model's reasoning was parsed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// `usage.completion_tokens_details`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: u32,
+}
+
+impl Usage {
+    /// Adds another call's (or choice's) reasoning tokens.
+    pub fn add_reasoning(&mut self, other: Option<CompletionTokensDetails>) {
+        if let Some(o) = other {
+            self.completion_tokens_details
+                .get_or_insert_with(Default::default)
+                .reasoning_tokens += o.reasoning_tokens;
+        }
+    }
 }
 
 /// `usage.prompt_tokens_details`.
@@ -65,6 +85,9 @@ impl From<gyre_api::v1::Usage> for Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: u.cached_tokens,
             },
+            completion_tokens_details: u
+                .reasoning_tokens
+                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
         }
     }
 }
@@ -170,6 +193,11 @@ pub struct AssistantMessage {
     pub refusal: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
+    /// The reasoning section's text, under vLLM's older and newer names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// A tool call in a response: `{"id", "type": "function", "function":
@@ -223,6 +251,8 @@ impl ChatCompletion {
                         content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
                         refusal: None,
                         tool_calls,
+                        reasoning_content: None,
+                        reasoning: None,
                     },
                     logprobs,
                     finish_reason,
@@ -235,6 +265,19 @@ impl ChatCompletion {
             choices,
             usage,
         }
+    }
+}
+
+impl ChatCompletion {
+    /// Sets each choice's reasoning text (by index), where it has any.
+    pub fn with_reasoning(mut self, reasoning: Vec<String>) -> Self {
+        for (choice, text) in self.choices.iter_mut().zip(reasoning) {
+            if !text.is_empty() {
+                choice.message.reasoning = Some(text.clone());
+                choice.message.reasoning_content = Some(text);
+            }
+        }
+        self
     }
 }
 
@@ -268,6 +311,11 @@ pub struct ChunkDelta<'a> {
     pub content: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallOut>,
+    /// Reasoning text, under vLLM's older and newer names (both or neither).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<&'a str>,
 }
 
 /// A `text_completion`, whole or one streamed chunk of it.
@@ -345,6 +393,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             cached_tokens: 1,
+            ..Default::default()
         });
         let value = serde_json::to_value(ChatCompletion::new(
             meta(),

@@ -60,7 +60,7 @@ pub async fn create(
             )
         })
         .collect();
-    let completion = ChatCompletion::new(meta, choices, out.usage);
+    let completion = ChatCompletion::new(meta, choices, out.usage).with_reasoning(out.reasoning);
     Ok(Json(completion).into_response())
 }
 
@@ -97,7 +97,7 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: Some("assistant"),
             content: Some(""),
-            tool_calls: Vec::new(),
+            ..Default::default()
         };
         Some(self.chunk(index, delta, None, None))
     }
@@ -106,7 +106,7 @@ impl ChunkFormat for ChatChunks {
         let delta = ChunkDelta {
             role: None,
             content: Some(text),
-            tool_calls: Vec::new(),
+            ..Default::default()
         };
         let logprobs = (!logprobs.is_empty()).then(|| chat_logprobs(logprobs));
         self.chunk(index, delta, logprobs, None)
@@ -120,8 +120,18 @@ impl ChunkFormat for ChatChunks {
                 .iter()
                 .map(|c| ToolCallOut::from_delta(c, true))
                 .collect(),
+            ..Default::default()
         };
         self.chunk(index, delta, None, None)
+    }
+
+    fn reasoning(&mut self, index: u32, text: &str) -> Option<Event> {
+        let delta = ChunkDelta {
+            reasoning_content: Some(text),
+            reasoning: Some(text),
+            ..Default::default()
+        };
+        Some(self.chunk(index, delta, None, None))
     }
 
     /// The prompt is never part of a chat answer (only of annotations).

@@ -73,8 +73,7 @@ fn delta(id: &str, text: &str) -> Result<pb::GenerateResponse, Status> {
         event: Some(Event::Delta(pb::Delta {
             text: text.to_owned(),
             token_ids: vec![7],
-            logprobs: vec![],
-            tool_calls: vec![],
+            ..Default::default()
         })),
     })
 }
@@ -93,6 +92,7 @@ fn finish(
                 prompt_tokens: 5,
                 completion_tokens: 3,
                 cached_tokens: 2,
+                ..Default::default()
             }),
             error,
             ..Default::default()
