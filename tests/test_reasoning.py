@@ -203,6 +203,33 @@ def test_structured_output_applies_after_the_model_opened_section(qwen3):
         assert out.usage.completion_tokens_details.reasoning_tokens == end_of(ids, END)
 
 
+def test_forced_tool_call_comes_after_the_reasoning(qwen3):
+    """Qwen3's template has both `<think>` and `<tool_call>`: a required tool
+    call is enforced only after the reasoning section, which stays free, and
+    the call is parsed out of the answer (no content left)."""
+    schema = {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"],
+              "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": schema}}]
+    client = sdk(qwen3)
+    for seed in range(3):
+        out = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=tools, tool_choice="required", parallel_tool_calls=False,
+            max_tokens=300, temperature=1.0, seed=seed,
+            # The first start piece wins the first token (the rest of the
+            # marker is forced); inside the section only end pieces win.
+            logit_bias={str(START[0]): 50, **{str(t): 100 for t in END}})
+        choice = out.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None, choice.message
+        [call] = choice.message.tool_calls
+        assert call.function.name == "pick"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        # The section (both markers at least) came first and was split off.
+        assert out.usage.completion_tokens_details.reasoning_tokens >= len(START) + len(END)
+        reasoning = (choice.message.model_extra or {}).get("reasoning_content") or ""
+        assert "<tool_call>" not in reasoning and "</think>" not in reasoning
+
+
 def test_structure_applies_from_the_start_without_a_section(qwen3):
     """If the output does not open `<think>`, the structure holds from its
     first token (the start marker is the only other way to begin)."""
