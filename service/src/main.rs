@@ -203,16 +203,33 @@ fn main() -> anyhow::Result<()> {
         .block_on(run())
 }
 
-/// libtorch's OpenMP (libgomp) reads `OMP_WAIT_POLICY` once, as it loads,
-/// before `main`. By default its idle compute threads spin after every
-/// parallel op; on a server they then hold the cores that the gRPC and HTTP
-/// threads (and the shim, and clients on the same host) need to ship each
-/// token, and under any other load they fight for the CPU. Unless the user
-/// chose a policy, re-execute this binary with `OMP_WAIT_POLICY=PASSIVE`.
+/// Process settings that libraries read once, as they load (before `main`),
+/// so the binary re-executes itself with them unless the user set them:
+/// - `OMP_WAIT_POLICY=PASSIVE`: libtorch's OpenMP (libgomp) otherwise spins
+///   its idle compute threads after every parallel op; on a server they then
+///   hold the cores that the gRPC and HTTP threads (and the shim, and clients
+///   on the same host) need to ship each token, and under any other load
+///   they fight for the CPU.
+/// - `MALLOC_MMAP_THRESHOLD_` (256 MiB) and `MALLOC_TRIM_THRESHOLD_` (1 GiB):
+///   glibc otherwise serves every activation buffer of a step over its
+///   default threshold with a fresh `mmap`, and the kernel zeroes those
+///   pages on first touch, step after step (a third of the engine's CPU time
+///   was in the kernel, mostly `clear_page`). Kept on the heap, the buffers
+///   are reused.
+const PROCESS_ENV: [(&str, &str); 3] = [
+    ("OMP_WAIT_POLICY", "PASSIVE"),
+    ("MALLOC_MMAP_THRESHOLD_", "268435456"),
+    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
+];
+
 #[cfg(unix)]
 fn passive_openmp() {
     use std::os::unix::process::CommandExt;
-    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+    let missing: Vec<_> = PROCESS_ENV
+        .iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .collect();
+    if missing.is_empty() {
         return;
     }
     let Ok(exe) = std::env::current_exe() else {
@@ -223,8 +240,12 @@ fn passive_openmp() {
     if let Some(arg0) = args.next() {
         cmd.arg0(arg0);
     }
-    let err = cmd.args(args).env("OMP_WAIT_POLICY", "PASSIVE").exec();
-    eprintln!("warning: could not re-execute with OMP_WAIT_POLICY=PASSIVE: {err}");
+    cmd.args(args);
+    for (k, v) in missing {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
+    eprintln!("warning: could not re-execute with the process settings: {err}");
 }
 
 async fn run() -> anyhow::Result<()> {
