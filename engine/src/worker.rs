@@ -408,15 +408,7 @@ impl Worker {
         if sampled.is_empty() {
             return Ok(());
         }
-        let idx = Tensor::from_slice(&rows).f_to_device(self.model.device)?;
-        let logits = self
-            .model
-            .logits(&hidden.f_index_select(0, &idx)?)?
-            .f_to_device(Device::Cpu)?;
-        let vocab = logits.size()[1] as usize;
-        let numel = logits.numel();
-        let mut flat = vec![0f32; numel];
-        logits.f_copy_data(&mut flat, numel)?;
+        let (flat, vocab) = self.logits_rows(&hidden, &rows)?;
         let max_len = self.model.cfg.max_position_embeddings as usize;
         let mut finished = Vec::new();
         let mut failed = Vec::new();
@@ -513,6 +505,21 @@ impl Worker {
         Ok(())
     }
 
+    /// Float32 logits of the given rows of `hidden`, on the host, row after
+    /// row; and the vocabulary size (the row length).
+    fn logits_rows(&self, hidden: &Tensor, rows: &[i64]) -> Result<(Vec<f32>, usize), EngineError> {
+        let idx = Tensor::from_slice(rows).f_to_device(self.model.device)?;
+        let logits = self
+            .model
+            .logits(&hidden.f_index_select(0, &idx)?)?
+            .f_to_device(Device::Cpu)?;
+        let vocab = logits.size()[1] as usize;
+        let numel = logits.numel();
+        let mut flat = vec![0f32; numel];
+        logits.f_copy_data(&mut flat, numel)?;
+        Ok((flat, vocab))
+    }
+
     /// Log-probabilities of prompt tokens computed this step (see
     /// `GenerateRequest::prompt_logprobs`), sent to every choice.
     fn send_prompt_logprobs(
@@ -523,15 +530,7 @@ impl Worker {
         let mut per_seq: Vec<(u64, Vec<crate::TokenLogprobs>)> = Vec::new();
         for part in rows.chunks(PROMPT_LP_ROWS) {
             let idx: Vec<i64> = part.iter().map(|r| r.1).collect();
-            let idx = Tensor::from_slice(&idx).f_to_device(self.model.device)?;
-            let logits = self
-                .model
-                .logits(&hidden.f_index_select(0, &idx)?)?
-                .f_to_device(Device::Cpu)?;
-            let vocab = logits.size()[1] as usize;
-            let numel = logits.numel();
-            let mut flat = vec![0f32; numel];
-            logits.f_copy_data(&mut flat, numel)?;
+            let (flat, vocab) = self.logits_rows(hidden, &idx)?;
             for (i, &(id, _, target)) in part.iter().enumerate() {
                 let Some(g) = self.gens.get(&id) else {
                     continue;

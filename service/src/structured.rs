@@ -81,7 +81,7 @@ impl Grammars {
 /// Compact JSON output with ", " / ": " separators (no free whitespace, so a
 /// finished structure cannot be padded forever), unless the schema chose
 /// llguidance options itself.
-fn compact(mut schema: Value) -> Value {
+pub(crate) fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut()
         && !o.contains_key("x-guidance")
     {

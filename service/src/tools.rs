@@ -19,6 +19,8 @@
 //!   them, with `arguments` or `parameters`.
 
 use rand::Rng;
+
+use crate::structured::compact;
 use serde_json::{Value, json};
 
 /// A tool-call format.
@@ -382,6 +384,17 @@ pub struct FunctionSpec {
     pub parameters: Value,
 }
 
+impl FunctionSpec {
+    /// The parameters' schema; any object when the tool gave none.
+    fn parameters_schema(&self) -> Value {
+        if self.parameters.is_object() {
+            self.parameters.clone()
+        } else {
+            json!({"type": "object"})
+        }
+    }
+}
+
 /// A Lark grammar (llguidance dialect) whose every sentence is a valid call
 /// in `format` to one of `functions` (at least one; several only when
 /// `parallel`), with arguments valid against the function's schema.
@@ -394,11 +407,7 @@ pub fn forcing_grammar(format: ToolFormat, functions: &[FunctionSpec], parallel:
     let one_of: Vec<Value> = functions
         .iter()
         .map(|f| {
-            let params = if f.parameters.is_object() {
-                f.parameters.clone()
-            } else {
-                json!({"type": "object"})
-            };
+            let params = f.parameters_schema();
             json!({
                 "type": "object",
                 "properties": {"name": {"const": f.name}, key: params},
@@ -407,25 +416,18 @@ pub fn forcing_grammar(format: ToolFormat, functions: &[FunctionSpec], parallel:
             })
         })
         .collect();
-    let call = json!({
-        "anyOf": one_of,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-    });
+    let call = compact(json!({"anyOf": one_of}));
     let many = if parallel { "+" } else { "" };
     match format {
         ToolFormat::Hermes => format!(
             "start: (\"<tool_call>\\n\" call \"\\n</tool_call>\\n\"){many}\ncall: %json {call}\n"
         ),
         ToolFormat::Mistral => {
-            let mut list = json!({
-                "type": "array",
-                "items": {"anyOf": one_of},
-                "minItems": 1,
-                "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-            });
+            let mut list = json!({"type": "array", "items": {"anyOf": one_of}, "minItems": 1});
             if !parallel && let Some(o) = list.as_object_mut() {
                 o.insert("maxItems".into(), json!(1));
             }
+            let list = compact(list);
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {list}\n")
         }
         ToolFormat::DeepSeek => {
@@ -434,20 +436,7 @@ pub fn forcing_grammar(format: ToolFormat, functions: &[FunctionSpec], parallel:
                 .iter()
                 .enumerate()
                 .map(|(i, f)| {
-                    let params = if f.parameters.is_object() {
-                        f.parameters.clone()
-                    } else {
-                        json!({"type": "object"})
-                    };
-                    let mut params = params;
-                    if let Some(o) = params.as_object_mut()
-                        && !o.contains_key("x-guidance")
-                    {
-                        o.insert(
-                            "x-guidance".into(),
-                            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-                        );
-                    }
+                    let params = compact(f.parameters_schema());
                     let name = serde_json::to_string(&format!("{DS_CALL_BEGIN}{}{DS_SEP}", f.name))
                         .unwrap_or_default();
                     let end = serde_json::to_string(DS_CALL_END).unwrap_or_default();

@@ -16,6 +16,7 @@ pub mod extract;
 pub mod openai;
 pub mod routes;
 pub mod sse;
+pub mod structured;
 pub mod upstream;
 
 use std::future::Future;
