@@ -12,3 +12,34 @@ pub mod v1 {
 /// Encoded `FileDescriptorSet` of the gyre.v1 protos, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/gyre_v1_descriptor.bin"));
+
+/// Longest piece of client input, in characters, that an error message may
+/// repeat back (on either protocol); longer input is cut.
+pub const MAX_ECHO_CHARS: usize = 256;
+
+/// `s` as an error message may quote it: at most [`MAX_ECHO_CHARS`]
+/// characters, cut on a character boundary, with "…" marking a cut. Keeps a
+/// client's input from growing a gRPC status (sent as a header) without bound.
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(MAX_ECHO_CHARS) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((end, _)) => std::borrow::Cow::Owned(format!("{}…", &s[..end])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_input_and_cuts_long_input_on_a_char_boundary() {
+        assert_eq!(clip("gpt-4o"), "gpt-4o");
+        let exact = "é".repeat(MAX_ECHO_CHARS);
+        assert_eq!(clip(&exact), exact.as_str());
+        let long = "é".repeat(MAX_ECHO_CHARS + 5000);
+        let cut = clip(&long);
+        assert_eq!(cut.chars().count(), MAX_ECHO_CHARS + 1);
+        assert!(cut.ends_with('…'));
+        assert!(cut.starts_with(&"é".repeat(MAX_ECHO_CHARS)));
+    }
+}
