@@ -19,7 +19,7 @@ from pathlib import Path
 
 import harness
 
-TEMPLATES = harness.REPO.parent / "shared" / "data" / "chat-templates"
+TEMPLATES = harness.REPO / "tests" / "data" / "chat-templates"
 
 # The special tokens of each template's model (as its tokenizer_config.json
 # has them), passed as template variables on both sides.

@@ -7,7 +7,7 @@ the end; a server whose stderr shows a Rust panic fails the session teardown.
 Environment (set by `make test-e2e`; defaults in parentheses):
 GYRE_BIN (~/.cache/gyre/target/release/gyre), GYRE_SHIM_BIN (gyre-shim beside
 it), GYRE_MODELS (.gyre/models), BUF (node_modules/.bin/buf), OPENAI_SPEC
-(../shared/data/openai/openapi.yaml).
+(tests/data/openai/openapi.yaml).
 """
 
 from __future__ import annotations

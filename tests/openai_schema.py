@@ -1,6 +1,6 @@
 """Validation of HTTP responses against the official OpenAI OpenAPI spec.
 
-The spec (`../shared/data/openai/openapi.yaml` beside the repository, or `$OPENAI_SPEC`) is an
+The spec (`tests/data/openai/openapi.yaml`, or `$OPENAI_SPEC`) is an
 OpenAPI 3.1 document that still marks optional-null fields with OpenAPI 3.0's
 `nullable: true`, which a JSON Schema 2020-12 validator ignores. Loading it
 rewrites every `{..., "nullable": true}` as `{"anyOf": [{...}, {"type": "null"}]}`
@@ -32,7 +32,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 SPEC_PATH = Path(os.environ.get(
-    "OPENAI_SPEC", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "openai" / "openapi.yaml")))
+    "OPENAI_SPEC", str(Path(__file__).resolve().parent / "data" / "openai" / "openapi.yaml")))
 SPEC_URI = "urn:openai:openapi"
 
 #: Names of the schemas the tests validate against.

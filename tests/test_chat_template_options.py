@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 import harness
 
 MODEL = "tiny-qwen2"
-QWEN3_TEMPLATE = harness.REPO.parent / "shared" / "data" / "chat-templates" / "qwen3-0.6b.jinja"
+QWEN3_TEMPLATE = harness.REPO / "tests" / "data" / "chat-templates" / "qwen3-0.6b.jinja"
 PARTIAL = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "The answer is"}]
 
 

@@ -1,4 +1,4 @@
-"""Every chat template in ../shared/data/chat-templates renders byte for byte
+"""Every chat template in tests/data/chat-templates renders byte for byte
 as transformers' `apply_chat_template` renders it, over the conversation
 matrix of `chat_template_matrix` (tools, tool calls and results, parallel
 calls, multi-turn, system or not, add_generation_prompt on and off,

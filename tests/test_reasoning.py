@@ -21,7 +21,7 @@ import harness
 import openai_schema
 
 MODEL = "tiny-qwen2"
-TEMPLATES = harness.REPO.parent / "shared" / "data" / "chat-templates"
+TEMPLATES = harness.REPO / "tests" / "data" / "chat-templates"
 MESSAGES = [{"role": "user", "content": "Think, then answer."}]
 # tiny-qwen2's pieces of "<think>" and "</think>".
 START = [13708, 766, 29]  # "<th", "ink", ">"

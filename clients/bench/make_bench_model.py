@@ -137,9 +137,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="model directory to create")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="bench")
-    ap.add_argument("--data", default=os.environ.get(
-        "GYRE_SHARED_DATA", str(Path(SCRIPT_PATH).parents[3] / "shared" / "data")),
-                    help="shared data dir with tokenizers/ (default ../shared/data)")
+    ap.add_argument("--data", default=str(Path(SCRIPT_PATH).parents[2] / "tests" / "data"),
+                    help="data dir with tokenizers/ (default: the repository's tests/data)")
     ap.add_argument("--force", action="store_true", help="rebuild even if STAMP matches")
     args = ap.parse_args()
     out = os.path.abspath(args.out)

@@ -121,9 +121,16 @@ fn incremental_decode_is_whole_characters_and_lossless() {
 
 #[test]
 fn broken_tokenizer_file_fails_with_a_clear_error() {
-    // shared/data's llama-2 tokenizer.json is known-bad (invalid merges).
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/tokenizers/llama-2");
+    // A BPE tokenizer whose merge names tokens missing from its vocabulary.
+    let dir = std::env::temp_dir().join(format!("gyre-broken-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let broken = concat!(
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"#,
+        r#""normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"#,
+        r#""model":{"type":"BPE","vocab":{"a":0},"merges":["x y"]}}"#
+    );
+    std::fs::write(dir.join("tokenizer.json"), broken).expect("write tokenizer.json");
     let err = load_text(&dir).err().expect("must fail").to_string();
+    std::fs::remove_dir_all(&dir).ok();
     assert!(err.contains("tokenizer.json"), "unclear error: {err}");
 }
