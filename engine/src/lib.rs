@@ -12,6 +12,7 @@ mod config;
 mod constraint;
 mod flash;
 mod gemm;
+pub mod gguf;
 mod kv;
 mod llama;
 mod sampler;
