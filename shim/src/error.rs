@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
+use gyre_api::clip;
 use gyre_api::v1::RequestError;
 use http::StatusCode;
 use serde::Serialize;
@@ -76,15 +77,27 @@ impl ApiError {
             .with_code(Some("unsupported_parameter".into()))
     }
 
-    /// 404 for a model id the service does not host.
+    /// 404 for a model id the service does not host: the one message every
+    /// route gives (the service's own wording, the id clipped).
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
             INVALID_REQUEST,
-            format!("The model '{model}' does not exist."),
+            format!("the model `{}` does not exist", clip(model)),
         )
         .with_param(Some("model".into()))
         .with_code(Some("model_not_found".into()))
+    }
+
+    /// This error, with an unknown-model 404 restated for `model` (the id
+    /// the client asked for) in [`ApiError::model_not_found`]'s one format,
+    /// whatever the service's message said.
+    pub fn for_model(self, model: &str) -> Self {
+        if self.status == StatusCode::NOT_FOUND && self.code.as_deref() == Some("model_not_found") {
+            Self::model_not_found(model)
+        } else {
+            self
+        }
     }
 
     /// 404 for a path no route serves.
@@ -92,7 +105,7 @@ impl ApiError {
         Self::new(
             StatusCode::NOT_FOUND,
             INVALID_REQUEST,
-            format!("Invalid URL ({method} {path})"),
+            format!("Invalid URL ({} {})", clip(method), clip(path)),
         )
         .with_code(Some("not_found".into()))
     }
@@ -102,9 +115,52 @@ impl ApiError {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
             INVALID_REQUEST,
-            format!("Method {method} is not allowed for {path}"),
+            format!("Method {} is not allowed for {}", clip(method), clip(path)),
         )
         .with_code(Some("method_not_allowed".into()))
+    }
+
+    /// 415 for a POST body not declared as JSON; `given` is the request's
+    /// `Content-Type`, if any.
+    pub fn unsupported_media_type(given: Option<&str>) -> Self {
+        let got = match given {
+            Some(t) => format!("got '{}'", clip(t)),
+            None => "no Content-Type was given".to_owned(),
+        };
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_REQUEST,
+            format!("Send the request body as JSON with 'Content-Type: application/json' ({got})."),
+        )
+        .with_code(Some("unsupported_media_type".into()))
+    }
+
+    /// 400 for a body that nests JSON values deeper than `limit` levels;
+    /// `param` is the top-level field holding the too-deep value.
+    pub fn too_deeply_nested(limit: usize, param: Option<&str>) -> Self {
+        let param = param.map(|p| clip(p).into_owned());
+        let place = match &param {
+            Some(p) => format!(" (in '{p}')"),
+            None => String::new(),
+        };
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            INVALID_REQUEST,
+            format!(
+                "The request body nests JSON values more than {limit} levels deep{place}; the limit is {limit} levels."
+            ),
+        )
+        .with_param(param)
+        .with_code(Some("nesting_too_deep".into()))
+    }
+
+    /// 400 for a list (or object) with more than `limit` items.
+    pub fn too_many_items(param: &str, what: &str, limit: usize, got: usize) -> Self {
+        Self::invalid_request(
+            format!("'{param}' holds {got} {what}; the limit is {limit}."),
+            Some(param),
+        )
+        .with_code(Some("too_many_items".into()))
     }
 
     /// 413 for a body over [`crate::MAX_BODY_BYTES`].

@@ -12,6 +12,7 @@ use crate::convert::CompletionRequest;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
 use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
+use crate::routes::models::served_model;
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Merged;
 use gyre_api::v1::{PromptEcho, TokenLogprob};
@@ -24,15 +25,18 @@ pub async fn create(
     headers: HeaderMap,
     JsonObject(body): JsonObject,
 ) -> Result<Response, ApiError> {
-    let request = CompletionRequest::from_body(&body)?;
+    let mut request = CompletionRequest::from_body(&body)?;
     drop(body);
+    request.common.model = served_model(&state, &headers, &request.common.model).await?;
     let meta = Meta::new("cmpl", &request.common.model);
     let (protos, mode) = request.into_protos(&meta.id)?;
     let per_prompt = protos.first().and_then(|p| p.n).unwrap_or(1);
     // Choice j of prompt i is choice i * per_prompt + j.
     let n = per_prompt * protos.len() as u32;
     let want_logprobs = protos.first().is_some_and(|p| p.logprobs.is_some());
-    let generation = Merged::start(&state, &headers, protos, Api::Completions).await?;
+    let generation = Merged::start(&state, &headers, protos, Api::Completions)
+        .await
+        .map_err(|e| e.for_model(&meta.model))?;
     if mode.stream {
         let format = TextChunks {
             meta,

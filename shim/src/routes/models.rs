@@ -1,5 +1,6 @@
 //! `GET /v1/models` and `GET /v1/models/{id}` over the `ListModels` call.
-//! Model ids may contain '/', hence the wildcard route.
+//! Model ids may contain '/', hence the wildcard route. Also
+//! [`served_model`]: which model a generation asking for `""` runs on.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -35,6 +36,25 @@ pub async fn retrieve(
         .find(|m| m.id == id)
         .map(|m| Json(ModelObject::from(m)))
         .ok_or_else(|| ApiError::model_not_found(&id))
+}
+
+/// The model a generation asking for `requested` runs on: `requested`
+/// itself, or for `""` the service's default (its first) model, named so that
+/// responses carry the id of the model that served them.
+pub(crate) async fn served_model(
+    state: &AppState,
+    headers: &HeaderMap,
+    requested: &str,
+) -> Result<String, ApiError> {
+    if !requested.is_empty() {
+        return Ok(requested.to_owned());
+    }
+    fetch(state, headers)
+        .await?
+        .into_iter()
+        .next()
+        .map(|m| m.id)
+        .ok_or_else(|| ApiError::model_not_found(requested))
 }
 
 async fn fetch(state: &AppState, headers: &HeaderMap) -> Result<Vec<Model>, ApiError> {
