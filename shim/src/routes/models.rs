@@ -1,6 +1,6 @@
 //! `GET /v1/models` and `GET /v1/models/{id}` over the `ListModels` call.
 //! Model ids may contain '/', hence the wildcard route. Also
-//! [`served_model`]: which model a generation asking for `""` runs on.
+//! [`default_model`]: which model a generation asking for `""` runs on.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -38,23 +38,18 @@ pub async fn retrieve(
         .ok_or_else(|| ApiError::model_not_found(&id))
 }
 
-/// The model a generation asking for `requested` runs on: `requested`
-/// itself, or for `""` the service's default (its first) model, named so that
-/// responses carry the id of the model that served them.
-pub(crate) async fn served_model(
+/// The service's default (its first) model, which a generation asking for
+/// model `""` runs on: responses name it, and the request asks for it by id.
+pub(crate) async fn default_model(
     state: &AppState,
     headers: &HeaderMap,
-    requested: &str,
 ) -> Result<String, ApiError> {
-    if !requested.is_empty() {
-        return Ok(requested.to_owned());
-    }
     fetch(state, headers)
         .await?
         .into_iter()
         .next()
         .map(|m| m.id)
-        .ok_or_else(|| ApiError::model_not_found(requested))
+        .ok_or_else(|| ApiError::model_not_found(""))
 }
 
 async fn fetch(state: &AppState, headers: &HeaderMap) -> Result<Vec<Model>, ApiError> {
