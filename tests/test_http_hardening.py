@@ -109,6 +109,23 @@ def test_cors_opens_for_configured_origins(start_server):
     assert "access-control-allow-origin" not in reply.headers
 
 
+def test_standalone_shim_takes_cors_origins_from_the_environment(qwen, monkeypatch):
+    monkeypatch.setenv("GYRE_CORS_ALLOW_ORIGIN", "https://app.example,https://b.example")
+    shim = harness.Server.start(
+        [str(harness.SHIM_BIN), "--grpc-endpoint", f"http://{qwen.grpc}", "--http-addr", "127.0.0.1:0"],
+        want=("HTTP",))
+    try:
+        reply = preflight(shim.http, "https://b.example")
+        assert 200 <= reply.status < 300 and reply.headers["access-control-allow-origin"] == "https://b.example"
+        reply = preflight(shim.http, "https://evil.example")
+        assert "access-control-allow-origin" not in reply.headers
+        reply = raw_post(shim.http, COMPLETIONS, json.dumps(body_for(COMPLETIONS)).encode(), {"Content-Type": "text/plain"})
+        assert error_of(reply, 415)["code"] == "unsupported_media_type"
+    finally:
+        shim.stop()
+        shim.remove_log()
+
+
 def test_kwargs_nested_49_levels_is_400_not_500(qwen):
     body = {**body_for(CHAT), "chat_template_kwargs": {"deep": nested(48)}}
     err = error_of(harness.http_json(qwen.http, CHAT, body), 400)

@@ -40,11 +40,11 @@ pub struct ApiError {
     retry_after: Option<u64>,
 }
 
-const INVALID_REQUEST: &str = "invalid_request_error";
+pub(crate) const INVALID_REQUEST: &str = "invalid_request_error";
 const SERVER_ERROR: &str = "server_error";
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             kind,
@@ -55,12 +55,12 @@ impl ApiError {
         }
     }
 
-    fn with_param(mut self, param: Option<String>) -> Self {
+    pub(crate) fn with_param(mut self, param: Option<String>) -> Self {
         self.param = param;
         self
     }
 
-    fn with_code(mut self, code: Option<String>) -> Self {
+    pub(crate) fn with_code(mut self, code: Option<String>) -> Self {
         self.code = code;
         self
     }
@@ -118,49 +118,6 @@ impl ApiError {
             format!("Method {} is not allowed for {}", clip(method), clip(path)),
         )
         .with_code(Some("method_not_allowed".into()))
-    }
-
-    /// 415 for a POST body not declared as JSON; `given` is the request's
-    /// `Content-Type`, if any.
-    pub fn unsupported_media_type(given: Option<&str>) -> Self {
-        let got = match given {
-            Some(t) => format!("got '{}'", clip(t)),
-            None => "no Content-Type was given".to_owned(),
-        };
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            INVALID_REQUEST,
-            format!("Send the request body as JSON with 'Content-Type: application/json' ({got})."),
-        )
-        .with_code(Some("unsupported_media_type".into()))
-    }
-
-    /// 400 for a body that nests JSON values deeper than `limit` levels;
-    /// `param` is the top-level field holding the too-deep value.
-    pub fn too_deeply_nested(limit: usize, param: Option<&str>) -> Self {
-        let param = param.map(|p| clip(p).into_owned());
-        let place = match &param {
-            Some(p) => format!(" (in '{p}')"),
-            None => String::new(),
-        };
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            INVALID_REQUEST,
-            format!(
-                "The request body nests JSON values more than {limit} levels deep{place}; the limit is {limit} levels."
-            ),
-        )
-        .with_param(param)
-        .with_code(Some("nesting_too_deep".into()))
-    }
-
-    /// 400 for a list (or object) with more than `limit` items.
-    pub fn too_many_items(param: &str, what: &str, limit: usize, got: usize) -> Self {
-        Self::invalid_request(
-            format!("'{param}' holds {got} {what}; the limit is {limit}."),
-            Some(param),
-        )
-        .with_code(Some("too_many_items".into()))
     }
 
     /// 413 for a body over [`crate::MAX_BODY_BYTES`].

@@ -15,7 +15,7 @@ use gyre_api::clip;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, INVALID_REQUEST};
 use crate::limits;
 
 /// A request body that is a JSON object, sent with a JSON `Content-Type`
@@ -50,14 +50,29 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
 /// keeps web pages from starting generations with a visitor's browser.
 pub fn check_content_type(headers: &http::HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(http::header::CONTENT_TYPE) else {
-        return Err(ApiError::unsupported_media_type(None));
+        return Err(unsupported_media_type(None));
     };
     let text = String::from_utf8_lossy(value.as_bytes());
     if is_json_media_type(&text) {
         Ok(())
     } else {
-        Err(ApiError::unsupported_media_type(Some(&text)))
+        Err(unsupported_media_type(Some(&text)))
     }
+}
+
+/// 415 for a POST body not declared as JSON; `given` is the request's
+/// `Content-Type`, if any.
+fn unsupported_media_type(given: Option<&str>) -> ApiError {
+    let got = match given {
+        Some(t) => format!("got '{}'", clip(t)),
+        None => "no Content-Type was given".to_owned(),
+    };
+    ApiError::new(
+        http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        INVALID_REQUEST,
+        format!("Send the request body as JSON with 'Content-Type: application/json' ({got})."),
+    )
+    .with_code(Some("unsupported_media_type".into()))
 }
 
 /// Whether a `Content-Type` value names JSON.

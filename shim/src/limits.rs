@@ -8,9 +8,11 @@
 //! request (`openai::request::MAX_PROMPTS`), and, in the service, stop
 //! strings, `n` and top logprobs.
 
+use gyre_api::clip;
+use http::StatusCode;
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, INVALID_REQUEST};
 
 /// Deepest nesting of JSON arrays and objects in a request body, the body's
 /// own object being level 1. The service decodes `chat_template_kwargs` as a
@@ -44,10 +46,7 @@ pub fn check_depth(bytes: &[u8]) -> Result<(), ApiError> {
         if scan.step(i, b) > MAX_JSON_DEPTH {
             let key = scan.key.map(|(start, end)| &bytes[start..end]);
             let param = key.map(String::from_utf8_lossy);
-            return Err(ApiError::too_deeply_nested(
-                MAX_JSON_DEPTH,
-                param.as_deref(),
-            ));
+            return Err(too_deeply_nested(param.as_deref()));
         }
     }
     Ok(())
@@ -124,15 +123,39 @@ pub fn check_sizes(body: &Value) -> Result<(), ApiError> {
             _ => continue,
         };
         if count > limit {
-            return Err(ApiError::too_many_items(
-                &path.join("."),
-                what,
-                limit,
-                count,
-            ));
+            return Err(too_many_items(&path.join("."), what, limit, count));
         }
     }
     Ok(())
+}
+
+/// 400 for a body nested deeper than [`MAX_JSON_DEPTH`]; `param` is the
+/// top-level field holding the too-deep value.
+fn too_deeply_nested(param: Option<&str>) -> ApiError {
+    let param = param.map(|p| clip(p).into_owned());
+    let place = match &param {
+        Some(p) => format!(" (in '{p}')"),
+        None => String::new(),
+    };
+    let limit = MAX_JSON_DEPTH;
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        INVALID_REQUEST,
+        format!(
+            "The request body nests JSON values more than {limit} levels deep{place}; the limit is {limit} levels."
+        ),
+    )
+    .with_param(param)
+    .with_code(Some("nesting_too_deep".into()))
+}
+
+/// 400 for a list (or object) `param` with `got` items, over `limit`.
+fn too_many_items(param: &str, what: &str, limit: usize, got: usize) -> ApiError {
+    ApiError::invalid_request(
+        format!("'{param}' holds {got} {what}; the limit is {limit}."),
+        Some(param),
+    )
+    .with_code(Some("too_many_items".into()))
 }
 
 #[cfg(test)]
