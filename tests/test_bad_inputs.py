@@ -25,7 +25,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 CASES = [
     (CHAT, {"temperature": 2.5}, "temperature"),
     (COMPLETIONS, {"temperature": -0.1}, "temperature"),
-    (CHAT, {"top_p": 0}, "top_p"),
+    (CHAT, {"top_p": -0.5}, "top_p"),
     (COMPLETIONS, {"top_p": 1.5}, "top_p"),
     (CHAT, {"presence_penalty": 2.5}, "presence_penalty"),
     (COMPLETIONS, {"frequency_penalty": -3}, "frequency_penalty"),

@@ -37,6 +37,11 @@ enum Command {
         /// Address of the OpenAI-compatible HTTP API.
         #[arg(long, env = "GYRE_HTTP_ADDR", default_value = "127.0.0.1:8000")]
         http_addr: String,
+        /// Let web pages of this origin (`scheme://host[:port]`, or `*` for
+        /// any) call the HTTP API from a browser (CORS). Repeatable or
+        /// comma-separated; unset: CORS stays closed.
+        #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+        cors_allow_origin: Vec<String>,
     },
     /// Serve the gRPC API only.
     Grpc {
@@ -281,7 +286,8 @@ async fn run() -> anyhow::Result<()> {
             model,
             grpc,
             http_addr,
-        } => (model, grpc, Some(http_addr)),
+            cors_allow_origin,
+        } => (model, grpc, Some((http_addr, cors_allow_origin))),
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let runtime = load(model).await?;
@@ -323,13 +329,14 @@ async fn run() -> anyhow::Result<()> {
     announce(format!("gyre: gRPC listening on http://{grpc_local}"));
 
     let http_task = match http_addr {
-        Some(addr) => {
+        Some((addr, cors_allow_origin)) => {
             let listener = TcpListener::bind(&addr)
                 .await
                 .with_context(|| format!("cannot bind HTTP address {addr}"))?;
             let local = listener.local_addr()?;
             let mut cfg = gyre_shim::ShimConfig::new(format!("http://{grpc_local}"));
             cfg.api_key = grpc.api_key;
+            cfg.cors_allow_origins = cors_allow_origin;
             let state = gyre_shim::connect(cfg).await?;
             announce(format!("gyre: HTTP listening on http://{local}"));
             Some(tokio::spawn(gyre_shim::serve(

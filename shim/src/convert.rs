@@ -165,7 +165,7 @@ pub fn chat_messages(
             return Err(ApiError::invalid_request(
                 format!(
                     "Invalid role '{}': expected one of {}.",
-                    m.role,
+                    gyre_api::clip(&m.role),
                     ROLES.join(", ")
                 ),
                 Some(&format!("messages[{i}].role")),
@@ -229,7 +229,17 @@ pub struct CompletionRequest {
 
 impl CompletionRequest {
     /// Parses and type-checks a body; errors name the field as `param`.
+    /// `"prompt": null` is refused: OpenAI's schema allows it, meaning its
+    /// own tokenizer's `<|endoftext|>`, which gyre's models need not have.
     pub fn from_body(body: &Value) -> Result<Self, ApiError> {
+        if body.get("prompt").is_some_and(Value::is_null) {
+            return Err(ApiError::invalid_request(
+                "'prompt' must not be null: gyre has no model-independent default prompt \
+                 (OpenAI's default, '<|endoftext|>', is a token of OpenAI's own tokenizers). \
+                 Send a string, a list of token ids, or a list of those.",
+                Some("prompt"),
+            ));
+        }
         require(body, &["model", "prompt"])?;
         Ok(Self {
             common: fields(body)?,
@@ -354,7 +364,13 @@ fn common_to_proto(
 ) -> Result<(pb::Request, StreamMode), ApiError> {
     let annotations = apply_nvext(&mut common)?;
     let structured = structured_extension(&common)?;
+    // `top_p: 0` (allowed by OpenAI) keeps only the most likely token: top_k 1.
+    let greedy_top_p = common.top_p == Some(0.0);
+    if greedy_top_p {
+        common.top_p = None;
+    }
     let top_k = match common.top_k {
+        _ if greedy_top_p => Some(1),
         None => None,
         Some(-1 | 0) => Some(0),
         Some(k) => Some(u32::try_from(k).map_err(|_| {
@@ -386,7 +402,10 @@ fn common_to_proto(
     for (key, bias) in common.logit_bias.unwrap_or_default() {
         let id: u32 = key.trim().parse().map_err(|_| {
             ApiError::invalid_request(
-                format!("logit_bias keys must be token ids, got {key:?}."),
+                format!(
+                    "logit_bias keys must be token ids, got {:?}.",
+                    gyre_api::clip(&key)
+                ),
                 Some("logit_bias"),
             )
         })?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::response::{IntoResponse, Response};
+use gyre_api::clip;
 use gyre_api::v1::RequestError;
 use http::StatusCode;
 use serde::Serialize;
@@ -39,11 +40,11 @@ pub struct ApiError {
     retry_after: Option<u64>,
 }
 
-const INVALID_REQUEST: &str = "invalid_request_error";
+pub(crate) const INVALID_REQUEST: &str = "invalid_request_error";
 const SERVER_ERROR: &str = "server_error";
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             kind,
@@ -54,12 +55,12 @@ impl ApiError {
         }
     }
 
-    fn with_param(mut self, param: Option<String>) -> Self {
+    pub(crate) fn with_param(mut self, param: Option<String>) -> Self {
         self.param = param;
         self
     }
 
-    fn with_code(mut self, code: Option<String>) -> Self {
+    pub(crate) fn with_code(mut self, code: Option<String>) -> Self {
         self.code = code;
         self
     }
@@ -76,15 +77,27 @@ impl ApiError {
             .with_code(Some("unsupported_parameter".into()))
     }
 
-    /// 404 for a model id the service does not host.
+    /// 404 for a model id the service does not host: the one message every
+    /// route gives (the service's own wording, the id clipped).
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
             INVALID_REQUEST,
-            format!("The model '{model}' does not exist."),
+            format!("the model `{}` does not exist", clip(model)),
         )
         .with_param(Some("model".into()))
         .with_code(Some("model_not_found".into()))
+    }
+
+    /// This error, with an unknown-model 404 restated for `model` (the id
+    /// the client asked for) in [`ApiError::model_not_found`]'s one format,
+    /// whatever the service's message said.
+    pub fn for_model(self, model: &str) -> Self {
+        if self.status == StatusCode::NOT_FOUND && self.code.as_deref() == Some("model_not_found") {
+            Self::model_not_found(model)
+        } else {
+            self
+        }
     }
 
     /// 404 for a path no route serves.
@@ -92,7 +105,7 @@ impl ApiError {
         Self::new(
             StatusCode::NOT_FOUND,
             INVALID_REQUEST,
-            format!("Invalid URL ({method} {path})"),
+            format!("Invalid URL ({} {})", clip(method), clip(path)),
         )
         .with_code(Some("not_found".into()))
     }
@@ -102,7 +115,7 @@ impl ApiError {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
             INVALID_REQUEST,
-            format!("Method {method} is not allowed for {path}"),
+            format!("Method {} is not allowed for {}", clip(method), clip(path)),
         )
         .with_code(Some("method_not_allowed".into()))
     }

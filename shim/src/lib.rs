@@ -6,13 +6,17 @@
 //! an OpenAI-shaped error in exactly one place, [`error`].
 //!
 //! Layout: [`openai`] (serde types of the HTTP API), [`extract`] (JSON body
-//! parsing with precise `param`s), [`convert`] (OpenAI -> proto), [`upstream`]
-//! (the gRPC call), [`sse`] (streaming), [`routes`] (the handlers).
+//! parsing with precise `param`s), [`limits`] (the edge's nesting and size
+//! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
+//! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
+//! configured).
 #![forbid(unsafe_code)]
 
 pub mod convert;
+pub mod cors;
 pub mod error;
 pub mod extract;
+pub mod limits;
 pub mod openai;
 pub mod routes;
 pub mod sse;
@@ -52,6 +56,10 @@ pub struct ShimConfig {
     /// `grpc-timeout` and enforced by the shim: 504 when it passes);
     /// `None`: no deadline.
     pub request_timeout: Option<Duration>,
+    /// Origins allowed to call the API from a browser (CORS); entries may
+    /// hold several, comma-separated; `*` is any origin. Empty: CORS stays
+    /// closed (no `Access-Control-Allow-Origin`, no preflight grant).
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl ShimConfig {
@@ -61,6 +69,7 @@ impl ShimConfig {
             grpc_endpoint: grpc_endpoint.into(),
             api_key: None,
             request_timeout: None,
+            cors_allow_origins: Vec::new(),
         }
     }
 }
@@ -74,6 +83,8 @@ pub struct AppState {
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
     pub(crate) grpc_auth: Option<AsciiMetadataValue>,
     pub(crate) request_timeout: Option<Duration>,
+    /// The CORS layer, when origins are configured.
+    pub(crate) cors: Option<tower_http::cors::CorsLayer>,
 }
 
 /// Builds the state for `cfg`. The channel connects lazily (on the first
@@ -99,12 +110,13 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
         request_timeout: cfg.request_timeout,
+        cors: cors::layer(&cfg.cors_allow_origins)?,
     })
 }
 
 /// The OpenAI-compatible HTTP API.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::create))
         .route("/v1/completions", post(routes::completions::create))
         .route("/v1/models", get(routes::models::list))
@@ -116,9 +128,13 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    // Outside authentication: a browser's preflight carries no key.
+    let router = match state.cors.clone() {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.layer(TraceLayer::new_for_http()).with_state(state)
 }
 
 /// Serves [`router`] on `listener` until `shutdown` resolves, then lets the

@@ -34,6 +34,12 @@ struct Args {
     /// Deadline of each gRPC call in seconds (none when unset).
     #[arg(long, env = "GYRE_REQUEST_TIMEOUT_SECS")]
     request_timeout_secs: Option<u64>,
+
+    /// Let web pages of this origin (`scheme://host[:port]`, or `*` for any)
+    /// call the HTTP API from a browser (CORS). Repeatable or
+    /// comma-separated; unset: CORS stays closed.
+    #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    cors_allow_origin: Vec<String>,
 }
 
 #[tokio::main]
@@ -51,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         request_timeout: args.request_timeout_secs.map(Duration::from_secs),
+        cors_allow_origins: args.cors_allow_origin,
     };
     let state = gyre_shim::connect(config).await?;
     let listener = tokio::net::TcpListener::bind(&args.http_addr)

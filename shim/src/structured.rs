@@ -16,7 +16,10 @@ pub(crate) fn tool_spec(t: Value, i: usize) -> Result<pb::Tool, ApiError> {
     let kind = t.get("type").and_then(Value::as_str).unwrap_or("function");
     if kind != "function" {
         return Err(bad(
-            &format!("Only function tools are supported, got type '{kind}'."),
+            &format!(
+                "Only function tools are supported, got type '{}'.",
+                gyre_api::clip(kind)
+            ),
             &format!("{at}.type"),
         ));
     }
@@ -115,7 +118,8 @@ pub(crate) fn response_format(
         other => {
             return Err(ApiError::invalid_request(
                 format!(
-                    "response_format type must be 'text', 'json_object' or 'json_schema', got '{other}'."
+                    "response_format type must be 'text', 'json_object' or 'json_schema', got '{}'.",
+                    gyre_api::clip(other)
                 ),
                 Some("response_format"),
             ));

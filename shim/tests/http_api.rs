@@ -213,6 +213,7 @@ async fn request_fields_reach_the_service() {
         "stop": ["x", "y"], "temperature": 0.25, "max_tokens": 9, "seed": 4,
     });
     let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
         .header("authorization", "Bearer client-key")
         .header(
             "traceparent",
@@ -502,6 +503,7 @@ async fn api_key_is_required_and_forwarded() {
 
     let with_key = |key: &str| {
         Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
             .header("authorization", format!("Bearer {key}"))
             .body(Body::from(chat_body("echo-model", false).to_string()))
             .expect("request")

@@ -1,5 +1,7 @@
 //! The OpenAI HTTP API's JSON shapes, as serde types: [`request`] bodies the
-//! shim accepts and [`response`] objects it sends. Nothing here knows gRPC.
+//! shim accepts and [`response`] objects it sends, and [`int`], integers
+//! that JSON may spell as whole floats. Nothing here knows gRPC.
 
+pub mod int;
 pub mod request;
 pub mod response;

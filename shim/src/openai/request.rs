@@ -4,11 +4,14 @@
 //! [`CommonParams`] for what both endpoints share, then [`ChatParams`] or
 //! [`CompletionParams`]. Unknown keys are ignored; keys gyre cannot honour yet
 //! are kept so that [`crate::convert`] can refuse them instead of silently
-//! answering something else.
+//! answering something else. Integer fields take whole-number floats too
+//! (see [`super::int`]).
 
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _};
 use serde_json::Value;
+
+use super::int;
 
 /// Fields shared by both generation endpoints.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -18,15 +21,20 @@ pub struct CommonParams {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Number of choices (1 to 128).
+    #[serde(default, deserialize_with = "int::opt")]
     pub n: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     /// Extension (vLLM): keep the top k tokens; 0 or -1 mean off.
+    #[serde(default, deserialize_with = "int::opt")]
     pub top_k: Option<i64>,
     /// Seeds are i64 in OpenAI's API; they are reinterpreted as u64.
+    #[serde(default, deserialize_with = "int::opt")]
     pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub max_tokens: Option<u32>,
     /// Chat's newer name for `max_tokens`; wins when both are set.
+    #[serde(default, deserialize_with = "int::opt")]
     pub max_completion_tokens: Option<u32>,
     pub stop: Option<Stop>,
     /// Extension (vLLM): token ids that also end generation.
@@ -46,6 +54,7 @@ pub struct CommonParams {
     /// Extension (vLLM / transformers): repetition penalty, 1 is off.
     pub repetition_penalty: Option<f32>,
     /// Extension (vLLM): no EOS / stop token before this many tokens.
+    #[serde(default, deserialize_with = "int::opt")]
     pub min_tokens: Option<u32>,
     /// Extension (vLLM): keep the matched stop string in the output.
     pub include_stop_str_in_output: Option<bool>,
@@ -53,6 +62,7 @@ pub struct CommonParams {
     pub clamp_max_tokens: Option<bool>,
     /// Extension (vLLM): scheduling priority, *lower* runs first (vLLM's
     /// convention; gyre.v1 uses higher-first, so the shim negates it).
+    #[serde(default, deserialize_with = "int::opt")]
     pub priority: Option<i32>,
     /// Extension (vLLM): prefix-cache salt isolating this request's cache.
     pub cache_salt: Option<String>,
@@ -83,6 +93,7 @@ pub struct StructuredOutputs {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NvExt {
     pub ignore_eos: Option<bool>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub top_k: Option<i64>,
     pub repetition_penalty: Option<f32>,
     /// True: greedy (temperature 0). Dynamo spells it `greed_sampling`.
@@ -130,6 +141,7 @@ pub struct ChatParams {
     /// Return each token's log-probability.
     pub logprobs: Option<bool>,
     /// With `logprobs`: how many most likely alternatives (0 to 20).
+    #[serde(default, deserialize_with = "int::opt")]
     pub top_logprobs: Option<u32>,
     /// Functions the model may call (OpenAI's function tools).
     pub tools: Option<Vec<Value>>,
@@ -229,7 +241,8 @@ fn text_part(part: &Value) -> Result<&str, String> {
             .and_then(Value::as_str)
             .ok_or_else(|| "a text content part needs a string 'text'".to_owned()),
         Some(other) => Err(format!(
-            "content parts of type '{other}' are not supported yet"
+            "content parts of type '{}' are not supported yet",
+            gyre_api::clip(other)
         )),
         None => Err("each content part needs a string 'type'".to_owned()),
     }
@@ -242,10 +255,12 @@ pub struct CompletionParams {
     /// Start each choice's text (and logprobs listing) with the prompt.
     pub echo: Option<bool>,
     /// Return each token's log-probability and this many alternatives (0 to 20).
+    #[serde(default, deserialize_with = "int::opt")]
     pub logprobs: Option<u32>,
     /// Not supported yet: refused when non-empty.
     pub suffix: Option<String>,
     /// Only 1 is supported.
+    #[serde(default, deserialize_with = "int::opt")]
     pub best_of: Option<u32>,
 }
 
@@ -304,7 +319,13 @@ fn prompt_list(items: Vec<Value>) -> Result<Prompt, String> {
             .map(|v| {
                 v.as_u64()
                     .and_then(|id| u32::try_from(id).ok())
-                    .ok_or_else(|| format!("token ids must be integers in [0, 2^32), got {v}"))
+                    .ok_or_else(|| {
+                        let v = v.to_string();
+                        format!(
+                            "token ids must be integers in [0, 2^32), got {}",
+                            gyre_api::clip(&v)
+                        )
+                    })
             })
             .collect::<Result<_, _>>()
             .map(Prompt::TokenIds),

@@ -14,6 +14,7 @@ use crate::extract::JsonObject;
 use crate::openai::response::{
     ChatChunk, ChatCompletion, ChunkChoice, ChunkDelta, Meta, ToolCallOut, Usage, chat_logprobs,
 };
+use crate::routes::models::default_model;
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Merged;
 use gyre_api::v1::TokenLogprob;
@@ -26,11 +27,17 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let request = ChatRequest::from_body(&body)?;
     drop(body);
-    let meta = Meta::new("chatcmpl", &request.common.model);
-    let (proto, mode) = request.into_proto(&meta.id)?;
+    let mut meta = Meta::new("chatcmpl", &request.common.model);
+    let (mut proto, mode) = request.into_proto(&meta.id)?;
+    if proto.model.is_empty() {
+        meta.model = default_model(&state, &headers).await?;
+        proto.model.clone_from(&meta.model);
+    }
     let n = proto.n.unwrap_or(1);
     let want_logprobs = proto.logprobs.is_some();
-    let generation = Merged::start(&state, &headers, vec![proto], Api::Chat).await?;
+    let generation = Merged::start(&state, &headers, vec![proto], Api::Chat)
+        .await
+        .map_err(|e| e.for_model(&meta.model))?;
     if mode.stream {
         let format = ChatChunks {
             meta,

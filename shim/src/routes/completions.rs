@@ -12,6 +12,7 @@ use crate::convert::CompletionRequest;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
 use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
+use crate::routes::models::default_model;
 use crate::sse::{self, ChunkFormat, json_event};
 use crate::upstream::Merged;
 use gyre_api::v1::{PromptEcho, TokenLogprob};
@@ -26,13 +27,21 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let request = CompletionRequest::from_body(&body)?;
     drop(body);
-    let meta = Meta::new("cmpl", &request.common.model);
-    let (protos, mode) = request.into_protos(&meta.id)?;
+    let mut meta = Meta::new("cmpl", &request.common.model);
+    let (mut protos, mode) = request.into_protos(&meta.id)?;
+    if meta.model.is_empty() {
+        meta.model = default_model(&state, &headers).await?;
+        for p in &mut protos {
+            p.model.clone_from(&meta.model);
+        }
+    }
     let per_prompt = protos.first().and_then(|p| p.n).unwrap_or(1);
     // Choice j of prompt i is choice i * per_prompt + j.
     let n = per_prompt * protos.len() as u32;
     let want_logprobs = protos.first().is_some_and(|p| p.logprobs.is_some());
-    let generation = Merged::start(&state, &headers, protos, Api::Completions).await?;
+    let generation = Merged::start(&state, &headers, protos, Api::Completions)
+        .await
+        .map_err(|e| e.for_model(&meta.model))?;
     if mode.stream {
         let format = TextChunks {
             meta,

@@ -1,5 +1,6 @@
 //! `GET /v1/models` and `GET /v1/models/{id}` over the `ListModels` call.
-//! Model ids may contain '/', hence the wildcard route.
+//! Model ids may contain '/', hence the wildcard route. Also
+//! [`default_model`]: which model a generation asking for `""` runs on.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -35,6 +36,20 @@ pub async fn retrieve(
         .find(|m| m.id == id)
         .map(|m| Json(ModelObject::from(m)))
         .ok_or_else(|| ApiError::model_not_found(&id))
+}
+
+/// The service's default (its first) model, which a generation asking for
+/// model `""` runs on: responses name it, and the request asks for it by id.
+pub(crate) async fn default_model(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
+    fetch(state, headers)
+        .await?
+        .into_iter()
+        .next()
+        .map(|m| m.id)
+        .ok_or_else(|| ApiError::model_not_found(""))
 }
 
 async fn fetch(state: &AppState, headers: &HeaderMap) -> Result<Vec<Model>, ApiError> {

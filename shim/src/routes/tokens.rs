@@ -58,8 +58,9 @@ pub async fn tokenize(
             ));
         }
     };
+    let model = b.model;
     let request = TokenizeRequest {
-        model: b.model,
+        model: model.clone(),
         input: Some(input),
         add_special_tokens: b.add_special_tokens,
     };
@@ -67,7 +68,7 @@ pub async fn tokenize(
     let out = client
         .tokenize(grpc_request(&state, &headers, request))
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Completions))?
+        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?
         .into_inner();
     Ok(Json(json!({
         "tokens": out.token_ids,
@@ -91,8 +92,9 @@ pub async fn detokenize(
 ) -> Result<Json<Value>, ApiError> {
     require(&body, &["tokens"])?;
     let b: DetokenizeBody = fields(&body)?;
+    let model = b.model;
     let request = DetokenizeRequest {
-        model: b.model,
+        model: model.clone(),
         token_ids: b.tokens,
         skip_special_tokens: None,
     };
@@ -100,7 +102,7 @@ pub async fn detokenize(
     let out = client
         .detokenize(grpc_request(&state, &headers, request))
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Completions))?
+        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?
         .into_inner();
     Ok(Json(json!({ "prompt": out.text })))
 }

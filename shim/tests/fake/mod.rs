@@ -120,7 +120,11 @@ impl Generation for Fake {
         let _ = self.requests.send((metadata, req.clone()));
         let id = req.request_id.clone();
         let events: Vec<Result<pb::GenerateResponse, Status>> = match req.model.as_str() {
-            "missing" => return Err(Status::not_found("model 'missing' is not served here")),
+            // Worded unlike the service: the shim restates every unknown
+            // model in one format.
+            m if m.starts_with("missing") => {
+                return Err(Status::not_found("model is not served here"));
+            }
             "bad-temp" => {
                 let details = ErrorDetails::with_bad_request(vec![FieldViolation::new(
                     "sampling.temperature",
@@ -185,9 +189,16 @@ impl Generation for Fake {
 
     async fn tokenize(
         &self,
-        _: Request<pb::TokenizeRequest>,
+        request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if request.get_ref().model.starts_with("missing") {
+            return Err(Status::not_found("no such model here"));
+        }
+        Ok(Response::new(pb::TokenizeResponse {
+            token_ids: vec![1, 2, 3],
+            max_model_len: 2048,
+            ..Default::default()
+        }))
     }
 
     async fn detokenize(
