@@ -1,19 +1,23 @@
 //! gyre-shim: an OpenAI-compatible HTTP API in front of gyre's gRPC service.
 //!
-//! The shim owns no model and no state beyond one lazily connected tonic
-//! [`Channel`]: every HTTP generation request becomes one `GenerateStream`
-//! call (HTTP/2 multiplexes them on the channel), and every gRPC status maps to
-//! an OpenAI-shaped error in exactly one place, [`error`].
+//! The shim owns no model and no state beyond a small [`pool`] of lazily
+//! connected tonic channels: every HTTP generation request becomes one
+//! `GenerateStream` call (HTTP/2 multiplexes them on the pool's
+//! connections), and every gRPC status maps to an OpenAI-shaped error in
+//! exactly one place, [`error`].
 //!
 //! Layout: [`openai`] (serde types of the HTTP API), [`extract`] (JSON body
 //! parsing with precise `param`s), [`convert`] (OpenAI -> proto), [`upstream`]
-//! (the gRPC call), [`sse`] (streaming), [`routes`] (the handlers).
+//! (the gRPC call), [`sse`] (streaming), [`routes`] (the handlers), [`conn`]
+//! (accepting and limiting connections, for this port and the service's).
 #![forbid(unsafe_code)]
 
+pub mod conn;
 pub mod convert;
 pub mod error;
 pub mod extract;
 pub mod openai;
+pub mod pool;
 pub mod routes;
 pub mod sse;
 pub mod structured;
@@ -31,10 +35,12 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use gyre_api::v1::generation_client::GenerationClient;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tower_http::trace::TraceLayer;
 
+use crate::conn::ConnLimits;
 use crate::error::ApiError;
+use crate::pool::Pool;
 
 /// Largest accepted request body (JSON), in bytes; larger bodies get 413.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -52,7 +58,19 @@ pub struct ShimConfig {
     /// `grpc-timeout` and enforced by the shim: 504 when it passes);
     /// `None`: no deadline.
     pub request_timeout: Option<Duration>,
+    /// HTTP/2 connections to the gRPC service (see [`pool`]; at least 1).
+    pub upstream_connections: usize,
+    /// A request body not fully received this long after the request head
+    /// is answered 408 (see [`conn::body`]); `None`: no limit.
+    pub body_timeout: Option<Duration>,
 }
+
+/// Largest response header block the shim accepts from the service: more
+/// than any status the service can send in answer to a body of
+/// [`MAX_BODY_BYTES`], so that no single call's error can exceed it (hyper's
+/// default, 16 KiB, let a long echoed model name take down the whole
+/// connection with every stream on it).
+pub const UPSTREAM_MAX_HEADER_LIST_BYTES: u32 = 16 << 20;
 
 impl ShimConfig {
     /// A config for `grpc_endpoint` without API key or deadline.
@@ -61,6 +79,8 @@ impl ShimConfig {
             grpc_endpoint: grpc_endpoint.into(),
             api_key: None,
             request_timeout: None,
+            upstream_connections: usize::from(pool::DEFAULT_CONNECTIONS),
+            body_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -68,22 +88,35 @@ impl ShimConfig {
 /// Shared state of the HTTP handlers: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub(crate) client: GenerationClient<Channel>,
-    pub(crate) health: tonic_health::pb::health_client::HealthClient<Channel>,
+    pub(crate) client: GenerationClient<Pool>,
+    pub(crate) health: tonic_health::pb::health_client::HealthClient<Pool>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
     pub(crate) grpc_auth: Option<AsciiMetadataValue>,
     pub(crate) request_timeout: Option<Duration>,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) pool: Pool,
 }
 
-/// Builds the state for `cfg`. The channel connects lazily (on the first
+impl AppState {
+    /// Calls in flight on each of the pool's connections to the service.
+    pub fn upstream_loads(&self) -> Vec<usize> {
+        self.pool.loads()
+    }
+}
+
+/// Builds the state for `cfg`. The channels connect lazily (on the first
 /// call, reconnecting as needed), so this succeeds while the service is down.
 pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     let endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
         .with_context(|| format!("invalid gRPC endpoint {:?}", cfg.grpc_endpoint))?
         .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true);
-    let channel = endpoint.connect_lazy();
+        .keep_alive_while_idle(true)
+        .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
+    let channels = (0..cfg.upstream_connections.max(1))
+        .map(|_| endpoint.connect_lazy())
+        .collect();
+    let pool = Pool::new(channels);
     let grpc_auth = match &cfg.api_key {
         Some(key) => {
             let mut value = AsciiMetadataValue::try_from(format!("Bearer {key}"))
@@ -94,11 +127,13 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         None => None,
     };
     Ok(AppState {
-        client: GenerationClient::new(channel.clone()),
-        health: tonic_health::pb::health_client::HealthClient::new(channel),
+        client: GenerationClient::new(pool.clone()),
+        health: tonic_health::pb::health_client::HealthClient::new(pool.clone()),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
         request_timeout: cfg.request_timeout,
+        body_timeout: cfg.body_timeout,
+        pool,
     })
 }
 
@@ -121,25 +156,24 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves [`router`] on `listener` until `shutdown` resolves, then lets the
-/// requests in flight finish.
+/// Serves [`router`] (with the request-body timeout) on `listener` under
+/// `limits` (see [`conn`]) until `shutdown` resolves, then lets the requests
+/// in flight finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
+    limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
-    // algorithm holds each behind the peer's delayed ACK (~40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("HTTP server failed")
+    let mut app = router(state.clone());
+    if let Some(timeout) = state.body_timeout {
+        app = app.layer(middleware::from_fn_with_state(
+            timeout,
+            conn::body::body_deadline,
+        ));
+    }
+    conn::serve(listener, app, limits, shutdown).await;
+    Ok(())
 }
 
 /// Rejects requests without the configured bearer key (401).
