@@ -56,8 +56,11 @@ def grpc_server():
 
 @pytest.fixture(scope="module")
 def limited():
-    """`gyre serve` allowing 2 connections per port (the shim's pool: 1)."""
-    yield from _stopped(harness.serve(QWEN, "--max-connections", "2", "--upstream-connections", "1"))
+    """`gyre serve` allowing 2 connections per port (the shim's pool: 1); a
+    header-read timeout longer than the tests wait, so that only the limit
+    can close a silent connection."""
+    yield from _stopped(harness.serve(QWEN, "--max-connections", "2", "--upstream-connections", "1",
+                                      "--header-read-timeout", "60"))
 
 
 # ---------------------------------------------------------------------------
