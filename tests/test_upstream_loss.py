@@ -1,7 +1,8 @@
 """The shim's connections to the service break mid-request (`gyre grpc` is
 killed): every stream in flight ends with one OpenAI-shaped 503-class error
 event (`upstream_unavailable`) and no `[DONE]`, never a silently truncated
-stream; a request that is not streamed gets HTTP 503.
+stream; a request that is not streamed gets HTTP 503, also once the service
+is gone.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class Stream:
 
 def test_streams_in_flight_end_with_an_error_event(pair):
     grpc, shim = pair
+    whole: list[harness.HttpReply] = []
+    # A request that is not streamed, running when the connection drops.
+    unstreamed = threading.Thread(target=lambda: whole.append(harness.http_json(
+        shim.http, "/v1/completions", {"model": QWEN, "prompt": "Once", "max_tokens": 1800, "ignore_eos": True})))
+    unstreamed.start()
     streams = [Stream(shim.http, i) for i in range(STREAMS)]
     assert all(s.response.status == 200 for s in streams)
     for s in streams:
@@ -86,6 +92,9 @@ def test_streams_in_flight_end_with_an_error_event(pair):
         assert (last["error"]["type"], last["error"]["code"]) == ("server_error", "upstream_unavailable"), last
         # Everything before the error is ordinary chunks.
         assert all("error" not in json.loads(e) for e in s.events[:-1])
+    unstreamed.join(WAIT_S * 2)
+    assert whole and whole[0].status == 503, whole and whole[0].body
+    assert whole[0].json()["error"]["code"] == "upstream_unavailable"
     assert shim.alive()
     # With the service gone, a request that is not streamed is a 503.
     reply = harness.http_json(shim.http, "/v1/chat/completions",
