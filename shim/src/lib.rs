@@ -95,14 +95,6 @@ pub struct AppState {
     pub(crate) grpc_auth: Option<AsciiMetadataValue>,
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) body_timeout: Option<Duration>,
-    pub(crate) pool: Pool,
-}
-
-impl AppState {
-    /// Calls in flight on each of the pool's connections to the service.
-    pub fn upstream_loads(&self) -> Vec<usize> {
-        self.pool.loads()
-    }
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
@@ -128,12 +120,11 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     };
     Ok(AppState {
         client: GenerationClient::new(pool.clone()),
-        health: tonic_health::pb::health_client::HealthClient::new(pool.clone()),
+        health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
         request_timeout: cfg.request_timeout,
         body_timeout: cfg.body_timeout,
-        pool,
     })
 }
 
