@@ -77,17 +77,18 @@ impl Default for ConnLimits {
 pub struct ConnArgs {
     /// Seconds a new connection may take to start its first request (HTTP/1:
     /// a complete request head; HTTP/2: preface and first HEADERS), and an
-    /// HTTP/1 keep-alive connection to finish the head of its next request.
+    /// HTTP/1 keep-alive connection to finish the head of its next request;
+    /// 0: off.
     #[arg(long, env = "GYRE_HEADER_READ_TIMEOUT", default_value = "10", value_parser = parse_secs)]
     pub header_read_timeout: Duration,
-    /// Seconds a connection may stay open with no request in flight.
+    /// Seconds a connection may stay open with no request in flight; 0: off.
     #[arg(long, env = "GYRE_IDLE_TIMEOUT", default_value = "120", value_parser = parse_secs)]
     pub idle_timeout: Duration,
     /// Most open connections per port; more are accepted and closed at once.
     #[arg(long, env = "GYRE_MAX_CONNECTIONS", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
-    /// Seconds between the server's HTTP/2 keepalive PINGs.
+    /// Seconds between the server's HTTP/2 keepalive PINGs; 0: none.
     #[arg(long, env = "GYRE_HTTP2_KEEPALIVE_INTERVAL", default_value = "30", value_parser = parse_secs)]
     pub http2_keepalive_interval: Duration,
     /// Seconds an HTTP/2 PING may go unanswered before the connection is closed.
