@@ -58,7 +58,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 
 
 def hostile_requests() -> list[tuple[str, bytes | str]]:
-    """(path, body): each must be refused with a 4xx."""
+    """(path, body): each must be refused with a 4xx. (No body over the 4 MiB
+    limit: its 413 comes before the body is read, and the connection closes
+    under the client's feet while it still sends, see tests/test_bad_inputs.py.)"""
     def j(payload) -> str:
         return json.dumps(payload)
 
@@ -78,7 +80,6 @@ def hostile_requests() -> list[tuple[str, bytes | str]]:
         ("/v1/chat/completions", "\x00\xff garbage " * 1000),
         ("/v1/completions", j({"model": QWEN, "prompt": [10 ** 9] * 10, "max_tokens": 4})),
         ("/v1/completions", j({"model": QWEN, "prompt": "Hi", "max_tokens": 4, "n": 10 ** 6})),
-        ("/v1/completions", j({"model": QWEN, "prompt": "x" * (5 << 20)})),
     ]
 
 
