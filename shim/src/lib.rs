@@ -65,11 +65,12 @@ pub struct ShimConfig {
     pub body_timeout: Option<Duration>,
 }
 
-/// Largest response header block the shim accepts from the service: more
-/// than any status the service can send in answer to a body of
-/// [`MAX_BODY_BYTES`], so that no single call's error can exceed it (hyper's
-/// default, 16 KiB, let a long echoed model name take down the whole
-/// connection with every stream on it).
+/// Largest response header block the shim accepts from the service. h2
+/// answers a header block over the limit by closing the whole connection,
+/// with every stream on it: with hyper's default, 16 KiB, one request whose
+/// error echoed a long model name did that. The service clips what its
+/// errors repeat; this is the margin for anything it still sends (a 4 MiB
+/// body's worth of echoed ASCII fits several times over).
 pub const UPSTREAM_MAX_HEADER_LIST_BYTES: u32 = 16 << 20;
 
 impl ShimConfig {
