@@ -37,11 +37,8 @@ enum Command {
         /// Address of the OpenAI-compatible HTTP API.
         #[arg(long, env = "GYRE_HTTP_ADDR", default_value = "127.0.0.1:8000")]
         http_addr: String,
-        /// Let web pages of this origin (`scheme://host[:port]`, or `*` for
-        /// any) call the HTTP API from a browser (CORS). Repeatable or
-        /// comma-separated; unset: CORS stays closed.
-        #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
-        cors_allow_origin: Vec<String>,
+        #[command(flatten)]
+        http: HttpArgs,
     },
     /// Serve the gRPC API only.
     Grpc {
@@ -131,6 +128,28 @@ struct GrpcArgs {
     /// UNAVAILABLE (HTTP 503). A second signal stops at once.
     #[arg(long, env = "GYRE_DRAIN_TIMEOUT", default_value_t = 30.0)]
     drain_timeout: f64,
+    /// Connection limits, applied to each port.
+    #[command(flatten)]
+    conn: gyre_shim::conn::ConnArgs,
+}
+
+/// Settings of the HTTP API that `gyre serve` adds.
+#[derive(Args)]
+struct HttpArgs {
+    /// HTTP/2 connections from the HTTP API to the gRPC service (they count
+    /// against the gRPC port's --max-connections).
+    #[arg(long, env = "GYRE_UPSTREAM_CONNECTIONS", default_value_t = gyre_shim::pool::DEFAULT_CONNECTIONS,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    upstream_connections: u16,
+    /// Seconds a request body may take to arrive after its head (then 408
+    /// and the connection is closed); 0: no limit.
+    #[arg(long, env = "GYRE_BODY_TIMEOUT", default_value = "30", value_parser = gyre_shim::conn::parse_secs)]
+    body_timeout: std::time::Duration,
+    /// Let web pages of this origin (`scheme://host[:port]`, or `*` for
+    /// any) call the HTTP API from a browser (CORS). Repeatable or
+    /// comma-separated; unset: CORS stays closed.
+    #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    cors_allow_origin: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -281,15 +300,16 @@ async fn run() -> anyhow::Result<()> {
         }
     });
 
-    let (model, grpc, http_addr) = match cli.command {
+    let (model, grpc, http) = match cli.command {
         Command::Serve {
             model,
             grpc,
             http_addr,
-            cors_allow_origin,
-        } => (model, grpc, Some((http_addr, cors_allow_origin))),
+            http,
+        } => (model, grpc, Some((http_addr, http))),
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
+    let limits = grpc.conn.limits();
     let runtime = load(model).await?;
     {
         // Stop once draining and every running request has finished (or
@@ -324,24 +344,28 @@ async fn run() -> anyhow::Result<()> {
         vec![runtime],
         grpc.api_key.clone(),
         drain_rx,
+        limits,
         shutdown_signal(stop_rx.clone()),
     ));
     announce(format!("gyre: gRPC listening on http://{grpc_local}"));
 
-    let http_task = match http_addr {
-        Some((addr, cors_allow_origin)) => {
+    let http_task = match http {
+        Some((addr, http)) => {
             let listener = TcpListener::bind(&addr)
                 .await
                 .with_context(|| format!("cannot bind HTTP address {addr}"))?;
             let local = listener.local_addr()?;
             let mut cfg = gyre_shim::ShimConfig::new(format!("http://{grpc_local}"));
             cfg.api_key = grpc.api_key;
-            cfg.cors_allow_origins = cors_allow_origin;
+            cfg.cors_allow_origins = http.cors_allow_origin;
+            cfg.upstream_connections = usize::from(http.upstream_connections);
+            cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
             let state = gyre_shim::connect(cfg).await?;
             announce(format!("gyre: HTTP listening on http://{local}"));
             Some(tokio::spawn(gyre_shim::serve(
                 listener,
                 state,
+                limits,
                 shutdown_signal(stop_rx.clone()),
             )))
         }

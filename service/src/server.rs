@@ -6,11 +6,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use gyre_api::v1::generation_server::GenerationServer;
+use gyre_shim::conn::ConnLimits;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Server, server::TcpIncoming};
 use tonic::{Request, Status};
+use tower::Layer as _;
 
 use crate::grpc::GenerationService;
 use crate::runtime::ModelRuntime;
@@ -48,14 +50,16 @@ impl tonic::service::Interceptor for ApiKeyCheck {
     }
 }
 
-/// Serves until `shutdown` resolves. Once `draining` turns true, health
-/// reports NOT_SERVING (overall, the service and each model) and new
+/// Serves until `shutdown` resolves, under `limits` (the same connection
+/// handling as the HTTP API: `gyre_shim::conn`). Once `draining` turns true,
+/// health reports NOT_SERVING (overall, the service and each model) and new
 /// generation requests get UNAVAILABLE while running ones finish.
 pub async fn serve_grpc(
     listener: TcpListener,
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
+    limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (health, health_svc) = tonic_health::server::health_reporter();
@@ -99,19 +103,13 @@ pub async fn serve_grpc(
         GenerationServer::new(GenerationService::new(models, draining)),
         ApiKeyCheck::new(api_key),
     );
-    Server::builder()
-        .accept_http1(true)
-        .layer(tonic_web::GrpcWebLayer::new())
-        .add_service(health_svc)
+    let routes = Routes::new(health_svc)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(generation)
-        // Streamed events are small writes: without TCP_NODELAY, Nagle's
-        // algorithm holds them behind the client's delayed ACK (~40 ms).
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await?;
+        .prepare();
+    // HTTP/1 is accepted too, for gRPC-Web.
+    let service = tonic_web::GrpcWebLayer::new().layer(routes);
+    gyre_shim::conn::serve(listener, service, limits, shutdown).await;
     Ok(())
 }

@@ -37,6 +37,7 @@ async fn a_stream_past_its_deadline_ends_with_deadline_exceeded() {
         vec![Arc::new(rt)],
         None,
         tokio::sync::watch::channel(false).1,
+        Default::default(),
         async {
             let _ = stop_rx.await;
         },

@@ -153,6 +153,32 @@ impl ApiError {
         .with_code(Some("invalid_api_key".into()))
     }
 
+    /// 408: the request body did not arrive within the body timeout.
+    pub fn request_timeout(timeout: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            INVALID_REQUEST,
+            format!(
+                "The request body did not arrive within {} s.",
+                timeout.as_secs_f64()
+            ),
+        )
+        .with_code(Some("request_timeout".into()))
+    }
+
+    /// 503: the connection to the gRPC service failed (refused, reset, or
+    /// dropped while the request was running).
+    pub fn upstream_unavailable() -> Self {
+        let mut err = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SERVER_ERROR,
+            "The gRPC service is unavailable: the connection to it failed. Please retry.",
+        )
+        .with_code(Some("upstream_unavailable".into()));
+        err.retry_after = Some(1);
+        err
+    }
+
     /// 500 with a generic message; `detail` is logged, never sent.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(%detail, "internal error");
@@ -175,6 +201,9 @@ impl ApiError {
         // tonic reports its own client-side timeout as CANCELLED.
         let code = if is_client_timeout(status) {
             Code::DeadlineExceeded
+        } else if is_transport_failure(status) {
+            tracing::warn!(%status, "the connection to the gRPC service failed");
+            return Self::upstream_unavailable();
         } else {
             status.code()
         };
@@ -293,6 +322,23 @@ fn is_client_timeout(status: &Status) -> bool {
     false
 }
 
+/// Whether `status` is one tonic made from a failure of the connection
+/// (connect refused, reset, GOAWAY, keepalive timeout) rather than one the
+/// service sent: tonic keeps such errors as the status's source.
+fn is_transport_failure(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::transport::Error>()
+            || err.is::<hyper::Error>()
+            || err.is::<std::io::Error>()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 /// Whole seconds for `Retry-After`, rounded up; 1 when the service gave none.
 fn retry_after_secs(delay: Option<Duration>) -> u64 {
     delay
@@ -382,6 +428,23 @@ impl std::error::Error for ApiError {}
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn transport_failures_are_upstream_unavailable() {
+        let reset = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        let err = ApiError::from_status(&reset, Api::Chat);
+        assert_eq!(err.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(err.body()["error"]["code"], "upstream_unavailable");
+        assert_eq!(err.body()["error"]["type"], "server_error");
+        // A status the service sent has no source: mapped by its code.
+        let sent = Status::internal("boom");
+        assert_eq!(
+            ApiError::from_status(&sent, Api::Chat).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+
     use super::*;
     use tonic_types::{ErrorDetails, FieldViolation};
 

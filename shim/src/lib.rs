@@ -1,23 +1,27 @@
 //! gyre-shim: an OpenAI-compatible HTTP API in front of gyre's gRPC service.
 //!
-//! The shim owns no model and no state beyond one lazily connected tonic
-//! [`Channel`]: every HTTP generation request becomes one `GenerateStream`
-//! call (HTTP/2 multiplexes them on the channel), and every gRPC status maps to
-//! an OpenAI-shaped error in exactly one place, [`error`].
+//! The shim owns no model and no state beyond a small [`pool`] of lazily
+//! connected tonic channels: every HTTP generation request becomes one
+//! `GenerateStream` call (HTTP/2 multiplexes them on the pool's
+//! connections), and every gRPC status maps to an OpenAI-shaped error in
+//! exactly one place, [`error`].
 //!
 //! Layout: [`openai`] (serde types of the HTTP API), [`extract`] (JSON body
 //! parsing with precise `param`s), [`limits`] (the edge's nesting and size
 //! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
-//! configured).
+//! configured), [`conn`] (accepting and limiting connections, for this port
+//! and the service's).
 #![forbid(unsafe_code)]
 
+pub mod conn;
 pub mod convert;
 pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod limits;
 pub mod openai;
+pub mod pool;
 pub mod routes;
 pub mod sse;
 pub mod structured;
@@ -35,10 +39,12 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use gyre_api::v1::generation_client::GenerationClient;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tower_http::trace::TraceLayer;
 
+use crate::conn::ConnLimits;
 use crate::error::ApiError;
+use crate::pool::Pool;
 
 /// Largest accepted request body (JSON), in bytes; larger bodies get 413.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -60,7 +66,20 @@ pub struct ShimConfig {
     /// hold several, comma-separated; `*` is any origin. Empty: CORS stays
     /// closed (no `Access-Control-Allow-Origin`, no preflight grant).
     pub cors_allow_origins: Vec<String>,
+    /// HTTP/2 connections to the gRPC service (see [`pool`]; at least 1).
+    pub upstream_connections: usize,
+    /// A request body not fully received this long after the request head
+    /// is answered 408 (see [`conn::body`]); `None`: no limit.
+    pub body_timeout: Option<Duration>,
 }
+
+/// Largest response header block the shim accepts from the service. h2
+/// answers a header block over the limit by closing the whole connection,
+/// with every stream on it: with hyper's default, 16 KiB, one request whose
+/// error echoed a long model name did that. The service clips what its
+/// errors repeat; this is the margin for anything it still sends (a 4 MiB
+/// body's worth of echoed ASCII fits several times over).
+pub const UPSTREAM_MAX_HEADER_LIST_BYTES: u32 = 16 << 20;
 
 impl ShimConfig {
     /// A config for `grpc_endpoint` without API key or deadline.
@@ -70,6 +89,8 @@ impl ShimConfig {
             api_key: None,
             request_timeout: None,
             cors_allow_origins: Vec::new(),
+            upstream_connections: usize::from(pool::DEFAULT_CONNECTIONS),
+            body_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -77,24 +98,29 @@ impl ShimConfig {
 /// Shared state of the HTTP handlers: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub(crate) client: GenerationClient<Channel>,
-    pub(crate) health: tonic_health::pb::health_client::HealthClient<Channel>,
+    pub(crate) client: GenerationClient<Pool>,
+    pub(crate) health: tonic_health::pb::health_client::HealthClient<Pool>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
     pub(crate) grpc_auth: Option<AsciiMetadataValue>,
     pub(crate) request_timeout: Option<Duration>,
     /// The CORS layer, when origins are configured.
     pub(crate) cors: Option<tower_http::cors::CorsLayer>,
+    pub(crate) body_timeout: Option<Duration>,
 }
 
-/// Builds the state for `cfg`. The channel connects lazily (on the first
+/// Builds the state for `cfg`. The channels connect lazily (on the first
 /// call, reconnecting as needed), so this succeeds while the service is down.
 pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     let endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
         .with_context(|| format!("invalid gRPC endpoint {:?}", cfg.grpc_endpoint))?
         .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true);
-    let channel = endpoint.connect_lazy();
+        .keep_alive_while_idle(true)
+        .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
+    let channels = (0..cfg.upstream_connections.max(1))
+        .map(|_| endpoint.connect_lazy())
+        .collect();
+    let pool = Pool::new(channels);
     let grpc_auth = match &cfg.api_key {
         Some(key) => {
             let mut value = AsciiMetadataValue::try_from(format!("Bearer {key}"))
@@ -105,12 +131,13 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         None => None,
     };
     Ok(AppState {
-        client: GenerationClient::new(channel.clone()),
-        health: tonic_health::pb::health_client::HealthClient::new(channel),
+        client: GenerationClient::new(pool.clone()),
+        health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
         request_timeout: cfg.request_timeout,
         cors: cors::layer(&cfg.cors_allow_origins)?,
+        body_timeout: cfg.body_timeout,
     })
 }
 
@@ -137,25 +164,24 @@ pub fn router(state: AppState) -> Router {
     router.layer(TraceLayer::new_for_http()).with_state(state)
 }
 
-/// Serves [`router`] on `listener` until `shutdown` resolves, then lets the
-/// requests in flight finish.
+/// Serves [`router`] (with the request-body timeout) on `listener` under
+/// `limits` (see [`conn`]) until `shutdown` resolves, then lets the requests
+/// in flight finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
+    limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
-    // algorithm holds each behind the peer's delayed ACK (~40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("HTTP server failed")
+    let mut app = router(state.clone());
+    if let Some(timeout) = state.body_timeout {
+        app = app.layer(middleware::from_fn_with_state(
+            timeout,
+            conn::body::body_deadline,
+        ));
+    }
+    conn::serve(listener, app, limits, shutdown).await;
+    Ok(())
 }
 
 /// Rejects requests without the configured bearer key (401).

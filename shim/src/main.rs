@@ -40,6 +40,19 @@ struct Args {
     /// comma-separated; unset: CORS stays closed.
     #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
     cors_allow_origin: Vec<String>,
+    /// HTTP/2 connections to the gRPC service; each call takes the one with
+    /// the fewest calls in flight.
+    #[arg(long, env = "GYRE_UPSTREAM_CONNECTIONS", default_value_t = gyre_shim::pool::DEFAULT_CONNECTIONS,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    upstream_connections: u16,
+
+    /// Seconds a request body may take to arrive after its head (then 408
+    /// and the connection is closed); 0: no limit.
+    #[arg(long, env = "GYRE_BODY_TIMEOUT", default_value = "30", value_parser = gyre_shim::conn::parse_secs)]
+    body_timeout: Duration,
+
+    #[command(flatten)]
+    conn: gyre_shim::conn::ConnArgs,
 }
 
 #[tokio::main]
@@ -58,6 +71,8 @@ async fn main() -> anyhow::Result<()> {
         api_key: args.api_key.filter(|k| !k.is_empty()),
         request_timeout: args.request_timeout_secs.map(Duration::from_secs),
         cors_allow_origins: args.cors_allow_origin,
+        upstream_connections: usize::from(args.upstream_connections),
+        body_timeout: (!args.body_timeout.is_zero()).then_some(args.body_timeout),
     };
     let state = gyre_shim::connect(config).await?;
     let listener = tokio::net::TcpListener::bind(&args.http_addr)
@@ -69,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         writeln!(stdout, "gyre-shim: HTTP listening on http://{addr}")?;
         stdout.flush()?;
     }
-    gyre_shim::serve(listener, state, shutdown_signal()).await?;
+    gyre_shim::serve(listener, state, args.conn.limits(), shutdown_signal()).await?;
     tracing::info!("shut down");
     Ok(())
 }
