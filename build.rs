@@ -1,6 +1,7 @@
 //! Compiles `proto/gyre/v1/*.proto` with protox (pure Rust: no system protoc)
 //! and generates the prost messages and tonic client/server code, plus the
-//! encoded file descriptor set that server reflection serves.
+//! encoded file descriptor set that server reflection serves. The generated
+//! code uses `proto/codec.rs`'s codec.
 
 use std::path::PathBuf;
 
@@ -15,7 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("gyre_v1_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
+    // Every method decodes with gyre's codec: malformed messages are
+    // INVALID_ARGUMENT rather than tonic-prost's INTERNAL (see proto/codec.rs).
     tonic_prost_build::configure()
+        .codec_path("crate::codec::GyreCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -1,7 +1,13 @@
 //! gyre's gRPC API: the `gyre.v1` package compiled from `proto/gyre/v1/*.proto`.
 //!
-//! Clients and the service both depend on this crate; it holds only generated
-//! code and the descriptor set that server reflection needs.
+//! Clients and the service both depend on this crate; it holds the generated
+//! code, the descriptor set that server reflection needs, the codec the
+//! generated code uses (`codec`), and what both protocols share about client
+//! input: the API-key check (`auth`) and how much of it an error may repeat
+//! (`clip`).
+
+pub mod auth;
+pub mod codec;
 
 /// The `gyre.v1` package: messages, the `Generation` client and server.
 pub mod v1 {

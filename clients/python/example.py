@@ -35,7 +35,11 @@ def main(addr: str) -> None:
             texts[ev.request_id] += ev.delta.text
             if ev.request_id == "b" and texts["b"]:
                 outbox.put(pb.GenerateRequest(cancel=pb.Cancel(request_id="b")))
-        else:
+        elif ev.HasField("rejected"):
+            # A start whose id was empty or still running: nothing started
+            # (the running request of that id is unaffected).
+            print(f"{ev.request_id!r} rejected: {ev.rejected.error.message}")
+        elif ev.HasField("finish"):
             f = ev.finish
             print(f"{ev.request_id}: {pb.FinishReason.Name(f.reason)} "
                   f"({f.usage.completion_tokens} tokens) {texts[ev.request_id]!r}")

@@ -1,11 +1,13 @@
 //! gyre's engine: the only crate that touches libtorch.
 //!
 //! It owns the model weights and KV caches on one dedicated OS thread
-//! (`worker`), reached through a bounded command channel. Each request gets
+//! (`worker`), reached through a command channel; `admission` decides
+//! which new requests may wait for it. Each request gets
 //! its own channel of token events back; only plain data (token ids, counts)
 //! crosses into async code. Dropping a request's event receiver cancels it
 //! at the next step.
 
+mod admission;
 mod attn;
 mod blocks;
 mod config;
@@ -20,6 +22,7 @@ mod scheduler;
 mod worker;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
@@ -63,7 +66,7 @@ pub enum EngineError {
     InvalidN { n: u32, max: u32 },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
-    #[error("the engine queue is full")]
+    #[error("the engine is full and so is its queue")]
     QueueFull,
     #[error("the engine has stopped")]
     Stopped,
@@ -95,7 +98,11 @@ pub struct EngineOptions {
     /// Most tokens one step runs (decodes plus prefill chunks); longer
     /// prompts are prefilled in chunks.
     pub token_budget: usize,
-    /// Queue length beyond which new requests get `QueueFull`.
+    /// Requests that may wait while the engine is full: a new request gets
+    /// `QueueFull` when the requests submitted but not yet started already
+    /// number `queue_capacity` plus the free running slots (`max_running`
+    /// minus the sequences running). A burst the engine can start at its
+    /// next step is never refused.
     pub queue_capacity: usize,
     /// Tokens per KV block.
     pub block_size: usize,
@@ -274,6 +281,7 @@ pub(crate) enum Command {
 #[derive(Clone)]
 pub struct Engine {
     tx: mpsc::Sender<Command>,
+    admission: Arc<admission::Admission>,
     info: ModelInfo,
     stats: watch::Receiver<EngineStats>,
 }
@@ -294,10 +302,16 @@ impl Engine {
                 )));
             }
         }
-        let (tx, rx) = mpsc::channel(opts.queue_capacity);
-        let spawned = worker::spawn(opts, rx)?;
+        let admission = Arc::new(admission::Admission::new(
+            opts.queue_capacity,
+            opts.max_running,
+        ));
+        // Admission bounds what the channel holds; its capacity is a backstop.
+        let (tx, rx) = mpsc::channel(opts.queue_capacity.saturating_add(opts.max_running));
+        let spawned = worker::spawn(opts, rx, admission.clone())?;
         Ok(Self {
             tx,
+            admission,
             info: spawned.info,
             stats: spawned.stats,
         })
@@ -345,11 +359,17 @@ impl Engine {
         }
         self.validate(&req, n)?;
         let (events, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::unbounded_channel()).unzip();
+        if !self.admission.try_enter() {
+            return Err(EngineError::QueueFull);
+        }
         self.tx
             .try_send(Command::Add { req, events })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
-                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            .map_err(|e| {
+                self.admission.leave(1);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => EngineError::QueueFull,
+                    mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+                }
             })?;
         Ok(rxs)
     }

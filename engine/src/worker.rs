@@ -7,10 +7,12 @@
 //! caught up with its tokens. Stats are published after every step.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc, watch};
 
+use crate::admission::Admission;
 use crate::kv::KvPool;
 use crate::llama::{Llama, SeqInput};
 use crate::sampler::{Sampler, Sampling};
@@ -45,6 +47,8 @@ struct Gen {
     /// With `prompt_logprobs`: prompt positions whose next token's
     /// log-probability was sent (kept across preemption, so none is sent twice).
     prompt_lp_done: usize,
+    /// Not started yet: counted as waiting by admission.
+    queued: bool,
 }
 
 /// Rows of prompt positions converted to logits at once (bounds the memory
@@ -127,6 +131,7 @@ pub(crate) struct Spawned {
 pub(crate) fn spawn(
     opts: EngineOptions,
     rx: mpsc::Receiver<Command>,
+    admission: Arc<Admission>,
 ) -> Result<Spawned, EngineError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
@@ -136,7 +141,7 @@ pub(crate) fn spawn(
             if let Some(n) = opts.compute_threads {
                 tch::set_num_threads(n.max(1) as i32);
             }
-            match Worker::load(opts, rx) {
+            match Worker::load(opts, rx, admission) {
                 Ok((worker, spawned)) => {
                     let _ = ready_tx.send(Ok(spawned));
                     worker.run();
@@ -190,12 +195,14 @@ struct Worker {
     next_id: u64,
     stats_tx: watch::Sender<EngineStats>,
     stats: EngineStats,
+    admission: Arc<Admission>,
 }
 
 impl Worker {
     fn load(
         opts: EngineOptions,
         rx: mpsc::Receiver<Command>,
+        admission: Arc<Admission>,
     ) -> Result<(Self, Spawned), EngineError> {
         let (dev, kind) = pick_device(opts.device)?;
         let model = Llama::load(&opts.model_dir, dev, kind)?;
@@ -239,6 +246,7 @@ impl Worker {
             next_id: 0,
             stats_tx,
             stats,
+            admission,
         };
         Ok((
             worker,
@@ -321,6 +329,7 @@ impl Worker {
                         generated: 0,
                         forks,
                         prompt_lp_done: 0,
+                        queued: true,
                     },
                 );
             }
@@ -331,6 +340,7 @@ impl Worker {
     fn reap_cancelled(&mut self) {
         let gens = &mut self.gens;
         let sched = &mut self.sched;
+        let admission = &self.admission;
         for list in [&mut self.running, &mut self.waiting] {
             list.retain_mut(|s| {
                 let gone = gens.get(&s.id).is_none_or(|g| {
@@ -338,7 +348,9 @@ impl Worker {
                 });
                 if gone {
                     sched.free(s);
-                    gens.remove(&s.id);
+                    if gens.remove(&s.id).is_some_and(|g| g.queued) {
+                        admission.leave(1);
+                    }
                 }
                 !gone
             });
@@ -347,6 +359,9 @@ impl Worker {
 
     fn fail(&mut self, id: u64, e: EngineError) {
         if let Some(g) = self.gens.remove(&id) {
+            if g.queued {
+                self.admission.leave(1);
+            }
             let _ = g.events.send(Event::Failed(e));
         }
     }
@@ -447,6 +462,7 @@ impl Worker {
                     eos: g.eos.clone(),
                     forks: Vec::new(),
                     prompt_lp_done: g.prompt_lp_done,
+                    queued: false,
                 };
                 let tok = match sample_next(&mut cg, row) {
                     Ok(t) => t,
@@ -493,7 +509,12 @@ impl Worker {
             };
             let mut s = self.running.swap_remove(i);
             self.sched.free(&mut s);
-            if let (Some(g), Some(reason)) = (self.gens.remove(&id), reason) {
+            let g = self.gens.remove(&id);
+            // Started and finished in one step: it never reached `publish`.
+            if g.as_ref().is_some_and(|g| g.queued) {
+                self.admission.leave(1);
+            }
+            if let (Some(g), Some(reason)) = (g, reason) {
                 let usage = Usage {
                     prompt_tokens: g.req.prompt.len() as u32,
                     completion_tokens: g.generated,
@@ -561,6 +582,17 @@ impl Worker {
     }
 
     fn publish(&mut self, step_tokens: usize) {
+        // Requests that started this step stop counting as waiting (after
+        // the running count that now includes them is published).
+        let mut started = 0;
+        for s in &self.running {
+            if let Some(g) = self.gens.get_mut(&s.id).filter(|g| g.queued) {
+                g.queued = false;
+                started += 1;
+            }
+        }
+        self.admission.set_running(self.running.len());
+        self.admission.leave(started);
         let st = &mut self.stats;
         let a = &self.sched.alloc;
         st.waiting = self.waiting.len() as u32;

@@ -51,7 +51,7 @@ fn template_message(i: usize, m: &v1::ChatMessage) -> Result<Json, ServiceError>
             "INVALID_ROLE",
             format!(
                 "unknown role {:?}; expected one of {}",
-                m.role,
+                gyre_api::clip(&m.role),
                 ROLES.join(", ")
             ),
         ));
@@ -111,7 +111,10 @@ fn parse_json_text(field: &str, text: &str) -> Result<Json, ServiceError> {
         ServiceError::invalid(
             field.to_string(),
             "INVALID_JSON",
-            format!("{field} is not valid JSON: {e}"),
+            format!(
+                "{field} is not valid JSON: {}",
+                gyre_api::clip(&e.to_string())
+            ),
         )
     })
 }

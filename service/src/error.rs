@@ -28,8 +28,13 @@ pub enum ServiceError {
         reason: &'static str,
         message: String,
     },
-    #[error("the model `{0}` does not exist")]
+    /// The name as the client sent it; the message quotes it clipped.
+    #[error("the model `{}` does not exist", gyre_api::clip(.0))]
     ModelNotFound(String),
+    /// A `start` on the `Generate` stream naming a request id that is still
+    /// running there: ALREADY_EXISTS.
+    #[error("request_id `{}` is already running on this stream", gyre_api::clip(.0))]
+    DuplicateRequestId(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error("the deadline passed after {0} generated tokens")]
@@ -79,6 +84,12 @@ impl ServiceError {
                 message.clone(),
             ),
             Self::Draining => (Code::Unavailable, "DRAINING", None, self.to_string()),
+            Self::DuplicateRequestId(_) => (
+                Code::AlreadyExists,
+                "DUPLICATE_REQUEST_ID",
+                Some("start.request_id".into()),
+                self.to_string(),
+            ),
             Self::ModelNotFound(_) => (
                 Code::NotFound,
                 "MODEL_NOT_FOUND",
@@ -161,16 +172,47 @@ impl ServiceError {
     }
 }
 
+/// Most bytes of a status message. Messages quote client input through
+/// `gyre_api::clip` already; this bounds the whole, whatever a message is
+/// built from, so that a status (sent as HTTP/2 headers, on a connection
+/// other requests share) stays far from any header-size limit.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// Most bytes of a `BadRequest` violation's description (with the field,
+/// at most [`MAX_FIELD_BYTES`]): the encoded details stay under 1 KiB.
+pub const MAX_DESCRIPTION_BYTES: usize = 512;
+/// Most bytes of a `BadRequest` field path.
+pub const MAX_FIELD_BYTES: usize = 128;
+
+/// `s` cut to at most `max` bytes on a character boundary, "…" marking a cut
+/// (the mark counts within `max`).
+pub fn bounded(mut s: String, max: usize) -> String {
+    const MARK: &str = "…";
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max.saturating_sub(MARK.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str(MARK);
+    s
+}
+
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Self {
         let (code, reason, field, message) = e.parts();
         if code == Code::Internal {
             tracing::error!(error = %e, "request failed");
         }
+        let message = bounded(message, MAX_MESSAGE_BYTES);
         let mut details = ErrorDetails::new();
         details.set_error_info(reason, DOMAIN, HashMap::<String, String>::new());
         if let Some(f) = field {
-            details.add_bad_request_violation(f, message.clone());
+            details.add_bad_request_violation(
+                bounded(f, MAX_FIELD_BYTES),
+                bounded(message.clone(), MAX_DESCRIPTION_BYTES),
+            );
         }
         if code == Code::ResourceExhausted {
             details.set_retry_info(Some(std::time::Duration::from_secs(1)));
@@ -182,6 +224,67 @@ impl From<ServiceError> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_stays_small_whatever_its_message_quotes() {
+        let huge = "ü".repeat(100_000);
+        for e in [
+            ServiceError::ModelNotFound(huge.clone()),
+            ServiceError::DuplicateRequestId(huge.clone()),
+            ServiceError::invalid(huge.clone(), "X", huge.clone()),
+            ServiceError::Unservable {
+                field: huge.clone(),
+                reason: "X",
+                message: huge.clone(),
+            },
+        ] {
+            let s = status(e);
+            assert!(
+                s.message().len() <= MAX_MESSAGE_BYTES,
+                "{}",
+                s.message().len()
+            );
+            assert!(
+                s.details().len() <= 2048,
+                "details: {} bytes",
+                s.details().len()
+            );
+            if let Some(br) = s.get_details_bad_request() {
+                let v = &br.field_violations[0];
+                assert!(
+                    v.field.len() <= MAX_FIELD_BYTES
+                        && v.description.len() <= MAX_DESCRIPTION_BYTES
+                );
+            }
+            // The status as headers: message percent-encoded, details base64.
+            let mut headers = http::HeaderMap::new();
+            s.add_header(&mut headers).expect("headers");
+            let size: usize = headers
+                .iter()
+                .map(|(k, v)| k.as_str().len() + v.len())
+                .sum();
+            assert!(size < 8192, "status headers are {size} bytes");
+        }
+        // The name is quoted clipped: its first MAX_ECHO_CHARS characters.
+        let s = status(ServiceError::ModelNotFound(huge.clone()));
+        let quoted = "ü".repeat(gyre_api::MAX_ECHO_CHARS);
+        assert!(
+            s.message().contains(&format!("`{quoted}…`")),
+            "{}",
+            s.message()
+        );
+        // A message built of anything else is cut by the backstop.
+        let s = status(ServiceError::invalid("f", "X", huge.clone()));
+        assert!(s.message().ends_with('…'));
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_char_boundary() {
+        assert_eq!(bounded("abc".into(), 3), "abc");
+        let cut = bounded("ééé".into(), 5);
+        assert!(cut.len() <= 5 && cut.ends_with('…'), "{cut}");
+        assert_eq!(bounded("é".repeat(600), 1024).chars().count(), 511);
+    }
 
     fn status(e: ServiceError) -> Status {
         e.into()

@@ -5,16 +5,14 @@
 //! A failed send means the client left: the task ends, dropping the engine's
 //! event receiver, which cancels the sequence at the engine's next step.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
 use gyre_api::v1::{
-    self, Cancel, DetokenizeRequest, DetokenizeResponse, FinishReason, GenerateRequest,
-    GenerateResponse, ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse,
-    generate_request::Action, generate_response::Event as Ev, generation_server::Generation,
-    tokenize_request,
+    self, DetokenizeRequest, DetokenizeResponse, FinishReason, GenerateRequest, GenerateResponse,
+    ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse,
+    generate_response::Event as Ev, generation_server::Generation, tokenize_request,
 };
 use gyre_engine::{Event, FinishReason as EngineFinish};
 use tokio::sync::{mpsc, watch};
@@ -30,11 +28,11 @@ use crate::runtime::ModelRuntime;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tools::{ParsedCall, ToolFormat, ToolStream};
 
-type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
-type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
+pub(crate) type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
 
 /// Events buffered per stream before the producer waits for the client.
-const STREAM_BUFFER: usize = 64;
+pub(crate) const STREAM_BUFFER: usize = 64;
 
 #[derive(Clone)]
 pub struct GenerationService {
@@ -56,7 +54,7 @@ impl GenerationService {
     }
 
     /// Validates and submits a request; one event receiver per choice.
-    async fn prepare(
+    pub(crate) async fn prepare(
         &self,
         req: v1::Request,
     ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
@@ -75,7 +73,7 @@ impl GenerationService {
     }
 
     /// Runs every choice of a prepared request in its own task.
-    fn spawn_choices(
+    pub(crate) fn spawn_choices(
         id: &str,
         p: Arc<Prepared>,
         choices: Vec<Choice>,
@@ -106,9 +104,9 @@ impl GenerationService {
 type Choice = mpsc::UnboundedReceiver<Event>;
 
 /// Which request and choice an event belongs to.
-struct Tag {
-    id: String,
-    index: u32,
+pub(crate) struct Tag {
+    pub(crate) id: String,
+    pub(crate) index: u32,
 }
 
 fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
@@ -119,11 +117,11 @@ fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
     }
 }
 
-fn request_error(e: &ServiceError) -> v1::RequestError {
+pub(crate) fn request_error(e: &ServiceError) -> v1::RequestError {
     let (code, reason, field, message) = e.parts();
     v1::RequestError {
         code: code as i32,
-        message,
+        message: crate::error::bounded(message, crate::error::MAX_MESSAGE_BYTES),
         reason: reason.to_string(),
         field: field.unwrap_or_default(),
     }
@@ -132,7 +130,7 @@ fn request_error(e: &ServiceError) -> v1::RequestError {
 /// How a request's failure is reported: a `Finish` with an error on the
 /// multiplexed stream, or the call's status on a single-request stream.
 #[derive(Clone, Copy)]
-enum Mode {
+pub(crate) enum Mode {
     Multiplexed,
     Single,
 }
@@ -501,7 +499,7 @@ fn is_eos(p: &Prepared, t: u32) -> bool {
     !p.engine_req.ignore_eos && p.model.engine.info().eos_token_ids.contains(&t)
 }
 
-async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {
+pub(crate) async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {
     let id = &tag.id;
     let _ = match mode {
         Mode::Single => out.send(Err(e.into())).await,
@@ -558,73 +556,11 @@ impl Generation for GenerationService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         // The call's deadline bounds every request on the stream.
         let deadline = deadline_of(request.metadata());
-        let mut inbound = request.into_inner();
-        let (out, rx) = mpsc::channel(STREAM_BUFFER);
-        let svc = self.clone();
-        tokio::spawn(async move {
-            // Cancel switch of each running request (shared by its choices).
-            let mut running: HashMap<String, watch::Sender<bool>> = HashMap::new();
-            loop {
-                let msg = match inbound.message().await {
-                    Ok(Some(m)) => m,
-                    // Half-close: started requests run to their end.
-                    Ok(None) => break,
-                    // The client is gone: cancel everything.
-                    Err(_) => {
-                        for (_, c) in running.drain() {
-                            c.send_replace(true);
-                        }
-                        break;
-                    }
-                };
-                running.retain(|_, c| !c.is_closed());
-                match msg.action {
-                    Some(Action::Start(req)) => {
-                        let tag = Tag {
-                            id: req.request_id.clone(),
-                            index: 0,
-                        };
-                        if tag.id.is_empty() || running.contains_key(&tag.id) {
-                            let e = ServiceError::invalid(
-                                "start.request_id",
-                                "INVALID_REQUEST_ID",
-                                "request_id must be non-empty and unique among running requests",
-                            );
-                            fail(&tag, &out, Mode::Multiplexed, e).await;
-                            continue;
-                        }
-                        let (ctx, crx) = watch::channel(false);
-                        running.insert(tag.id.clone(), ctx);
-                        let (svc, out) = (svc.clone(), out.clone());
-                        tokio::spawn(async move {
-                            match svc.prepare(req).await {
-                                Ok((p, choices)) => {
-                                    let mode = Mode::Multiplexed;
-                                    GenerationService::spawn_choices(
-                                        &tag.id, p, choices, &out, &crx, mode, deadline,
-                                    )
-                                }
-                                Err(e) => fail(&tag, &out, Mode::Multiplexed, e).await,
-                            }
-                        });
-                    }
-                    Some(Action::Cancel(Cancel { request_id })) => {
-                        if let Some(c) = running.remove(&request_id) {
-                            c.send_replace(true);
-                        }
-                    }
-                    None => {}
-                }
-            }
-            // The response stream ends when the last request task drops its
-            // sender; cancel switches stay alive until their requests end
-            // (dropping one would cancel its request).
-            drop(out);
-            for (_, c) in running {
-                c.closed().await;
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(crate::multiplex::serve(
+            self.clone(),
+            request.into_inner(),
+            deadline,
+        )))
     }
 
     async fn generate_stream(

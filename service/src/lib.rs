@@ -8,6 +8,7 @@ pub mod chat;
 pub mod detok;
 pub mod error;
 pub mod grpc;
+pub mod multiplex;
 pub mod reasoning;
 pub mod request;
 pub mod runtime;

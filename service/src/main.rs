@@ -109,7 +109,12 @@ struct EngineArgs {
     /// machines, leaving a core to the server stack can help under load.
     #[arg(long, env = "GYRE_COMPUTE_THREADS")]
     compute_threads: Option<usize>,
-    /// Requests queued beyond this get RESOURCE_EXHAUSTED (HTTP 429).
+    /// Requests that may wait while the engine is full. A new request gets
+    /// RESOURCE_EXHAUSTED (HTTP 429) only when the requests not yet started
+    /// already number this plus the free running slots (--max-running minus
+    /// the sequences running): at most --max-running + --max-queue requests
+    /// run or wait at once, and a burst the engine can start at its next
+    /// step is never refused.
     #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
     max_queue: usize,
 }
@@ -120,7 +125,8 @@ struct GrpcArgs {
     #[arg(long, env = "GYRE_GRPC_ADDR", default_value = "127.0.0.1:50051")]
     grpc_addr: String,
     /// When set, clients must send `Authorization: Bearer <key>` (HTTP) or
-    /// the `authorization` metadata (gRPC; health and reflection excepted).
+    /// the `authorization` metadata (gRPC; health and reflection excepted),
+    /// the scheme in any case; the key is compared in constant time.
     #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// On SIGTERM or Ctrl-C: seconds to let running requests finish while

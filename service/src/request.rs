@@ -82,7 +82,10 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
                 ServiceError::invalid(
                     format!("chat.tools[{i}].function.parameters"),
                     "INVALID_TOOL",
-                    format!("the parameters are not JSON: {e}"),
+                    format!(
+                        "the parameters are not JSON: {}",
+                        gyre_api::clip(&e.to_string())
+                    ),
                 )
             })?,
         };
@@ -115,7 +118,7 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
                     "UNKNOWN_TOOL",
                     format!(
                         "tool_choice names `{}`, which is not among the tools",
-                        choice.function
+                        gyre_api::clip(&choice.function)
                     ),
                 ));
             };

@@ -243,7 +243,11 @@ impl ModelRuntime {
                 compiled =
                     ChatTemplate::new(src, &self.special_tokens.bos, &self.special_tokens.eos)
                         .map_err(|m| {
-                            ServiceError::invalid("chat.chat_template", "CHAT_TEMPLATE_ERROR", m)
+                            ServiceError::invalid(
+                                "chat.chat_template",
+                                "CHAT_TEMPLATE_ERROR",
+                                gyre_api::clip(&m),
+                            )
                         })?;
                 &compiled
             }
@@ -268,7 +272,7 @@ impl ModelRuntime {
         }
         template.render_with(args).map_err(|e| match e {
             TemplateError::Raised(m) | TemplateError::Render(m) => {
-                ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", m)
+                ServiceError::invalid("chat.messages", "CHAT_TEMPLATE_ERROR", gyre_api::clip(&m))
             }
         })
     }

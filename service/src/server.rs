@@ -17,7 +17,9 @@ use tower::Layer as _;
 use crate::grpc::GenerationService;
 use crate::runtime::ModelRuntime;
 
-/// Checks `authorization: Bearer <key>` when a key is configured.
+/// Checks `authorization: Bearer <key>` when a key is configured: the
+/// scheme in any case, the key compared in constant time (the same check as
+/// the HTTP API's, `gyre_api::auth`).
 #[derive(Clone)]
 pub struct ApiKeyCheck {
     expected: Option<Arc<str>>,
@@ -26,7 +28,7 @@ pub struct ApiKeyCheck {
 impl ApiKeyCheck {
     pub fn new(key: Option<String>) -> Self {
         Self {
-            expected: key.map(|k| Arc::from(format!("Bearer {k}"))),
+            expected: key.map(Arc::from),
         }
     }
 }
@@ -41,7 +43,7 @@ impl tonic::service::Interceptor for ApiKeyCheck {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
         {
-            Some(got) if got.as_bytes() == expected.as_bytes() => Ok(req),
+            Some(got) if gyre_api::auth::bearer_matches(got, expected) => Ok(req),
             Some(_) => Err(Status::unauthenticated("invalid API key")),
             None => Err(Status::unauthenticated(
                 "missing API key: send metadata `authorization: Bearer <key>`",

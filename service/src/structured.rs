@@ -49,8 +49,12 @@ impl Grammars {
                 TopLevelGrammar::from_json_schema(compact(json!({"type": "object"})))
             }
             Some(Kind::JsonSchema(text)) => {
-                let schema: Value = serde_json::from_str(text)
-                    .map_err(|e| invalid(format!("the JSON schema is not valid JSON: {e}")))?;
+                let schema: Value = serde_json::from_str(text).map_err(|e| {
+                    invalid(format!(
+                        "the JSON schema is not valid JSON: {}",
+                        gyre_api::clip(&e.to_string())
+                    ))
+                })?;
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(invalid("the JSON schema must be an object".into()));
                 }
@@ -70,10 +74,12 @@ impl Grammars {
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| invalid(format!("unsupported or invalid structure: {e}")))?;
+        let parser = self.factory.create_parser(grammar).map_err(|e| {
+            invalid(format!(
+                "unsupported or invalid structure: {}",
+                gyre_api::clip(&e.to_string())
+            ))
+        })?;
         Ok(Some(Constraint::new(Matcher::new(Ok(parser)))))
     }
 }

@@ -197,49 +197,14 @@ async fn authenticate(
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token);
+            .and_then(gyre_api::auth::bearer_token);
         match given {
             None => return Err(ApiError::missing_api_key()),
-            Some(given) if !constant_time_eq(given.as_bytes(), key.as_bytes()) => {
+            Some(given) if !gyre_api::auth::constant_time_eq(given.as_bytes(), key.as_bytes()) => {
                 return Err(ApiError::invalid_api_key());
             }
             Some(_) => {}
         }
     }
     Ok(next.run(req).await)
-}
-
-/// The token of an `Authorization: Bearer <token>` header value.
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
-}
-
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bearer_token_parsing() {
-        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
-        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
-        assert_eq!(bearer_token("Basic abc"), None);
-        assert_eq!(bearer_token("Bearer "), None);
-        assert_eq!(bearer_token("abc"), None);
-    }
-
-    #[test]
-    fn constant_time_comparison() {
-        assert!(constant_time_eq(b"key", b"key"));
-        assert!(!constant_time_eq(b"key", b"kez"));
-        assert!(!constant_time_eq(b"key", b"key2"));
-    }
 }

@@ -205,8 +205,9 @@ impl Generation {
                     });
                 }
                 Some(Event::Prompt(echo)) => return Ok(Step::Echo { index, echo }),
-                // Token ids without text, or an event this shim does not know.
-                Some(Event::Delta(_)) | None => {}
+                // Token ids without text, or an event this shim does not know
+                // (`Rejected` belongs to the bidi `Generate` call only).
+                Some(Event::Delta(_) | Event::Rejected(_)) | None => {}
                 Some(Event::Finish(finish)) => {
                     let (reason, usage) = finish_step(finish, self.api)?;
                     self.finished += 1;

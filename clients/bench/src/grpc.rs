@@ -74,7 +74,8 @@ async fn read(
                         return Outcome::Cancelled; // dropping `stream` cancels
                     }
                 }
-                Some(Event::Delta(_) | Event::Prompt(_)) | None => {}
+                // `Rejected` is sent on the bidi `Generate` call only.
+                Some(Event::Delta(_) | Event::Prompt(_) | Event::Rejected(_)) | None => {}
                 Some(Event::Finish(finish)) => {
                     if let Some(usage) = finish.usage {
                         record.tokens = usage.completion_tokens;
