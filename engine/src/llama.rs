@@ -148,14 +148,18 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
 }
 
 impl Llama {
-    /// Loads config and weights from a HuggingFace model directory.
-    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Self, EngineError> {
-        let cfg = ModelConfig::from_dir(dir)?;
-        let mut w = Weights {
-            map: read_weights(dir)?,
-            device,
-            kind,
+    /// Loads config and weights from a HuggingFace model directory or a
+    /// GGUF file (dequantized to `kind` on load).
+    pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Self, EngineError> {
+        let (cfg, map) = if crate::gguf::is_gguf(path) {
+            let file = crate::gguf::GgufFile::open(path)?;
+            let cfg = crate::gguf::model::config(&file)?;
+            let map = crate::gguf::model::weights(&file, &cfg)?;
+            (cfg, map)
+        } else {
+            (ModelConfig::from_dir(path)?, read_weights(path)?)
         };
+        let mut w = Weights { map, device, kind };
         let packed = device == Device::Cpu && kind == Kind::Float && gemm::available();
         let lin = |w: Tensor| -> Result<Lin, EngineError> {
             Ok(if packed {

@@ -7,12 +7,21 @@
 //! version 2 has the same layout). All integers are little-endian.
 
 pub mod dequant;
+pub mod model;
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub use dequant::{GgmlType, dequantize};
+
+/// Whether `path` names a GGUF file (a file ending in `.gguf`).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+}
 
 /// Why a GGUF file could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,182 @@
+//! A GGUF checkpoint as the engine's model inputs: the [`ModelConfig`] read
+//! from the architecture's metadata keys, and the weights, dequantized to
+//! f32 and renamed to the HuggingFace names the model code loads.
+//!
+//! llama.cpp's converter permutes the rows of Llama's q and k projections
+//! (to interleave each head's rotary halves); this undoes it, as
+//! transformers' GGUF loader does, so the weights are the checkpoint's own.
+
+use std::collections::HashMap;
+
+use tch::Tensor;
+
+use super::{GgufError, GgufFile, Value};
+use crate::EngineError;
+use crate::config::ModelConfig;
+
+/// GGUF architectures (`general.architecture`) the engine can run.
+pub const SUPPORTED: &[&str] = &["llama"];
+
+fn load_err(file: &GgufFile, reason: impl Into<String>) -> EngineError {
+    EngineError::Load {
+        path: file.path().display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl From<GgufError> for EngineError {
+    fn from(e: GgufError) -> Self {
+        EngineError::Load {
+            path: "GGUF".into(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// The model configuration from `file`'s metadata.
+pub fn config(file: &GgufFile) -> Result<ModelConfig, EngineError> {
+    let arch = file
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .ok_or_else(|| load_err(file, "no general.architecture"))?;
+    if !SUPPORTED.contains(&arch) {
+        return Err(EngineError::Unsupported(format!(
+            "GGUF architecture `{arch}` ({}); supported GGUF architectures: {}",
+            file.path().display(),
+            SUPPORTED.join(", ")
+        )));
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let int = |k: &str| -> Result<i64, EngineError> {
+        file.get(&key(k))
+            .and_then(Value::as_u64)
+            .map(|v| v as i64)
+            .ok_or_else(|| load_err(file, format!("missing or invalid {}", key(k))))
+    };
+    let float = |k: &str| file.get(&key(k)).and_then(Value::as_f64);
+    if let Some(kind) = file.get(&key("rope.scaling.type")).and_then(Value::as_str)
+        && kind != "none"
+    {
+        return Err(EngineError::Unsupported(format!(
+            "GGUF rope scaling `{kind}` is not supported yet"
+        )));
+    }
+    if file.tensor("rope_freqs.weight").is_ok() {
+        return Err(EngineError::Unsupported(
+            "GGUF with a rope_freqs tensor (Llama 3.1-style rope scaling) is not supported yet"
+                .into(),
+        ));
+    }
+    let hidden = int("embedding_length")?;
+    let heads = int("attention.head_count")?;
+    let kv_heads = int("attention.head_count_kv").unwrap_or(heads);
+    if heads <= 0 || hidden % heads != 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        return Err(load_err(file, "inconsistent head counts"));
+    }
+    let tokens = file
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .map(<[Value]>::len);
+    let vocab = int("vocab_size")
+        .ok()
+        .or(tokens.map(|n| n as i64))
+        .ok_or_else(|| load_err(file, "no vocabulary size"))?;
+    let token_id = |k: &str| {
+        file.get(&format!("tokenizer.ggml.{k}"))
+            .and_then(Value::as_u64)
+            .map(|v| v as u32)
+    };
+    Ok(ModelConfig {
+        architecture: "LlamaForCausalLM".into(),
+        hidden_size: hidden,
+        intermediate_size: int("feed_forward_length")?,
+        num_layers: int("block_count")?,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: int("attention.key_length").unwrap_or(hidden / heads),
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+        rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
+        rope_scaling: None,
+        max_position_embeddings: int("context_length").unwrap_or(2048),
+        vocab_size: vocab,
+        tie_word_embeddings: file.tensor("output.weight").is_err(),
+        qkv_bias: false,
+        o_bias: false,
+        eos_token_ids: token_id("eos_token_id").into_iter().collect(),
+        bos_token_id: token_id("bos_token_id"),
+        default_temperature: None,
+        default_top_p: None,
+        default_top_k: None,
+        default_min_p: None,
+        default_repetition_penalty: None,
+    })
+}
+
+/// The HuggingFace name of a GGUF tensor name, if the model uses it.
+fn hf_name(name: &str) -> Option<String> {
+    Some(match name {
+        "token_embd.weight" => "model.embed_tokens.weight".into(),
+        "output_norm.weight" => "model.norm.weight".into(),
+        "output.weight" => "lm_head.weight".into(),
+        _ => {
+            let rest = name.strip_prefix("blk.")?;
+            let (layer, part) = rest.split_once('.')?;
+            let layer: u32 = layer.parse().ok()?;
+            let hf = match part {
+                "attn_q.weight" => "self_attn.q_proj.weight",
+                "attn_k.weight" => "self_attn.k_proj.weight",
+                "attn_v.weight" => "self_attn.v_proj.weight",
+                "attn_output.weight" => "self_attn.o_proj.weight",
+                "ffn_gate.weight" => "mlp.gate_proj.weight",
+                "ffn_up.weight" => "mlp.up_proj.weight",
+                "ffn_down.weight" => "mlp.down_proj.weight",
+                "attn_norm.weight" => "input_layernorm.weight",
+                "ffn_norm.weight" => "post_attention_layernorm.weight",
+                _ => return None,
+            };
+            format!("model.layers.{layer}.{hf}")
+        }
+    })
+}
+
+/// Undoes llama.cpp's row permutation of a q or k projection with `heads`
+/// heads: rows `[h, 2, d/2]` were stored as `[h, d/2, 2]`.
+fn unpermute(w: &Tensor, heads: i64) -> Result<Tensor, EngineError> {
+    let shape = w.size();
+    let rows = shape[0];
+    let half = rows / heads / 2;
+    Ok(w.f_reshape([heads, half, 2, shape[1]])?
+        .f_transpose(1, 2)?
+        .f_reshape([rows, shape[1]])?)
+}
+
+/// Every tensor the model uses, dequantized to f32 CPU tensors under its
+/// HuggingFace name. An unknown tensor name is an error, so nothing is
+/// silently dropped.
+pub fn weights(file: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>, EngineError> {
+    let mut map = HashMap::with_capacity(file.tensors.len());
+    for t in &file.tensors {
+        let name = hf_name(&t.name).ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "GGUF tensor `{}` has no place in a llama model",
+                t.name
+            ))
+        })?;
+        let values = file.dequantize(t)?;
+        let tensor = Tensor::f_from_slice(&values)?.f_reshape(t.shape())?;
+        let tensor = if t.name.ends_with("attn_q.weight") {
+            unpermute(&tensor, cfg.num_heads)?
+        } else if t.name.ends_with("attn_k.weight") {
+            unpermute(&tensor, cfg.num_kv_heads)?
+        } else {
+            tensor
+        };
+        map.insert(name, tensor);
+    }
+    tracing::info!(
+        file = %file.path().display(),
+        tensors = map.len(),
+        "GGUF weights dequantized"
+    );
+    Ok(map)
+}
