@@ -64,6 +64,7 @@ impl Server {
             vec![Arc::new(rt)],
             api_key.map(str::to_string),
             tokio::sync::watch::channel(false).1,
+            Default::default(),
             async {
                 let _ = stop_rx.await;
             },
