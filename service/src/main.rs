@@ -51,11 +51,17 @@ enum Command {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// HuggingFace model directory (config.json, *.safetensors, tokenizer.json, ...).
-    /// Default: the demo model that `make models` builds.
-    #[arg(long, env = "GYRE_MODEL", default_value = ".gyre/models/tiny-qwen2")]
+    /// A GGUF file (llama architecture, GPT-2 style tokenizer), or a
+    /// HuggingFace model directory (config.json, *.safetensors,
+    /// tokenizer.json, ...). Default: SmolLM2-135M-Instruct, linked there by
+    /// `make setup`.
+    #[arg(
+        long,
+        env = "GYRE_MODEL",
+        default_value = ".gyre/models/smollm2-135m-instruct.gguf"
+    )]
     model: PathBuf,
-    /// Model id clients use (default: the directory's name).
+    /// Model id clients use (default: the directory's name, or the GGUF file's without `.gguf`).
     #[arg(long, env = "GYRE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
     /// Where to run the model.

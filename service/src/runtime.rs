@@ -88,40 +88,73 @@ fn chat_template_source(dir: &Path, cfg: &Value) -> Option<String> {
     }
 }
 
-/// The text side of a model directory: its tokenizer and chat template.
-pub fn load_text(dir: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)> {
-    let (tok, template, _) = load_text_with(dir, None)?;
+/// The text side of a model directory or GGUF file: its tokenizer and chat
+/// template.
+pub fn load_text(path: &Path) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>)> {
+    let (tok, template, _, _) = load_text_with(path, None)?;
     Ok((tok, template))
 }
 
-/// The text side of a model directory, with `template` (a template's text)
-/// replacing the directory's own chat template when given.
-pub fn load_text_with(
-    dir: &Path,
-    template: Option<&str>,
-) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>, SpecialTokens)> {
-    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-        .map_err(|e| load_err(dir, format!("tokenizer.json: {e}")))?;
-    let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
+/// A model's tokenizer (as `tokenizer.json` text), special tokens and chat
+/// template source: from a HuggingFace directory's files, or from a GGUF
+/// file's `tokenizer.*` metadata.
+struct TextFiles {
+    tokenizer_json: String,
+    special: SpecialTokens,
+    template: Option<String>,
+}
+
+fn text_files(path: &Path) -> anyhow::Result<TextFiles> {
+    if gyre_engine::gguf::is_gguf(path) {
+        use gyre_engine::gguf::tokenizer as gt;
+        let file = gyre_engine::gguf::GgufFile::open(path).map_err(|e| load_err(path, e))?;
+        return Ok(TextFiles {
+            tokenizer_json: gt::tokenizer_json(&file).map_err(|e| load_err(path, e))?,
+            special: SpecialTokens {
+                bos: gt::special_token(&file, "bos").unwrap_or_default(),
+                eos: gt::special_token(&file, "eos").unwrap_or_default(),
+            },
+            template: gt::chat_template(&file),
+        });
+    }
+    let tokenizer_json = std::fs::read_to_string(path.join("tokenizer.json"))
+        .map_err(|e| load_err(path, format!("tokenizer.json: {e}")))?;
+    let cfg: Value = match std::fs::read_to_string(path.join("tokenizer_config.json")) {
         Ok(t) => serde_json::from_str(&t)
-            .map_err(|e| load_err(dir, format!("tokenizer_config.json: {e}")))?,
+            .map_err(|e| load_err(path, format!("tokenizer_config.json: {e}")))?,
         Err(_) => Value::Null,
     };
-    let special = SpecialTokens {
-        bos: special(&cfg, "bos_token"),
-        eos: special(&cfg, "eos_token"),
-    };
-    let source = match template {
-        Some(t) => Some(t.to_string()),
-        None => chat_template_source(dir, &cfg),
-    };
+    Ok(TextFiles {
+        tokenizer_json,
+        special: SpecialTokens {
+            bos: special(&cfg, "bos_token"),
+            eos: special(&cfg, "eos_token"),
+        },
+        template: chat_template_source(path, &cfg),
+    })
+}
+
+/// The text side of a model, with `template` (a template's text) replacing
+/// the model's own chat template when given; also the `tokenizer.json` text
+/// (for the structured-output token trie).
+pub fn load_text_with(
+    path: &Path,
+    template: Option<&str>,
+) -> anyhow::Result<(Tokenizer, Option<ChatTemplate>, SpecialTokens, String)> {
+    let files = text_files(path)?;
+    let tokenizer = files
+        .tokenizer_json
+        .parse::<Tokenizer>()
+        .map_err(|e| load_err(path, format!("tokenizer.json: {e}")))?;
+    let source = template.map(str::to_string).or(files.template);
+    let special = files.special;
     let template = match source {
         Some(src) => Some(
-            ChatTemplate::new(&src, &special.bos, &special.eos).map_err(|e| load_err(dir, e))?,
+            ChatTemplate::new(&src, &special.bos, &special.eos).map_err(|e| load_err(path, e))?,
         ),
         None => None,
     };
-    Ok((tokenizer, template, special))
+    Ok((tokenizer, template, special, files.tokenizer_json))
 }
 
 /// `--chat-template`: a file's path, or (as vLLM allows) the template text
@@ -143,19 +176,20 @@ impl ModelRuntime {
     ) -> anyhow::Result<Self> {
         let dir = opts.model_dir.clone();
         let dir = dir.as_path();
-        if !dir.join("config.json").exists() {
+        let gguf = gyre_engine::gguf::is_gguf(dir);
+        if !gguf && !dir.join("config.json").exists() {
             return Err(load_err(
                 dir,
-                "no config.json there (run `make models` to build the demo models, or pass --model <HF dir>)",
+                "neither a GGUF file nor a directory with config.json (run `make setup` for the default model, or pass --model <file.gguf | HF dir>)",
             ));
         }
-        let (tokenizer, template, special_tokens) =
+        let (tokenizer, template, special_tokens, tokenizer_json) =
             load_text_with(dir, text.chat_template.as_deref())?;
         tracing::info!(model = %dir.display(), "loading model");
         let started = std::time::Instant::now();
         let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
         let info = engine.info();
-        let grammars = match crate::structured::Grammars::load(dir, info) {
+        let grammars = match crate::structured::Grammars::load(&tokenizer_json, info) {
             Ok(g) => Some(g),
             Err(e) => {
                 tracing::warn!(error = %e, "structured outputs unavailable for this tokenizer");
@@ -177,8 +211,12 @@ impl ModelRuntime {
             "reasoning parser"
         );
         let id = served_name.unwrap_or_else(|| {
-            dir.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
+            let name = if gguf {
+                dir.file_stem()
+            } else {
+                dir.file_name()
+            };
+            name.map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into())
         });
         let created = std::time::SystemTime::now()

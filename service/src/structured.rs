@@ -2,7 +2,6 @@
 //! llguidance matcher for the engine to apply, against a token trie built
 //! once per model from its tokenizer.json.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use gyre_api::v1::{self, structured_output::Kind};
@@ -22,9 +21,8 @@ pub struct Grammars {
 impl Grammars {
     /// Builds the token trie from the model directory's tokenizer.json; the
     /// vocabulary is the model's (ids past the tokenizer's are never allowed).
-    pub fn load(dir: &Path, info: &ModelInfo) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(dir.join("tokenizer.json"))?;
-        let tj: Value = serde_json::from_str(&text)?;
+    pub fn load(tokenizer_json: &str, info: &ModelInfo) -> anyhow::Result<Self> {
+        let tj: Value = serde_json::from_str(tokenizer_json)?;
         let mut words = gyre_engine::llguidance::token_bytes_from_tokenizer_json(&tj)?;
         let vocab = (info.vocab_size as usize).max(words.len());
         words.resize(vocab, Vec::new());

@@ -30,7 +30,12 @@ fn forcing_grammars_compile_for_every_format() {
         device: "cpu".into(),
         dtype: "Float".into(),
     };
-    let grammars = Grammars::load(&model_dir("tiny-qwen2"), &info).expect("token trie");
+    let grammars = Grammars::load(
+        &std::fs::read_to_string(model_dir("tiny-qwen2").join("tokenizer.json"))
+            .expect("tokenizer.json"),
+        &info,
+    )
+    .expect("token trie");
     let functions = vec![
         FunctionSpec {
             name: "get_weather".into(),

@@ -8,6 +8,7 @@
 
 pub mod dequant;
 pub mod model;
+pub mod tokenizer;
 
 use std::collections::BTreeMap;
 use std::fs::File;
