@@ -73,7 +73,7 @@ FUZZ_FLAGS   := --fuzz-dir fuzz -s none --target-dir $(GYRE_CACHE)/fuzz-target
 FUZZ_CORPUS  := $(GYRE_CACHE)/fuzz-corpus
 
 $(CARGO_FUZZ):
-	$(CARGO) install --locked cargo-fuzz --version 0.13.2 --root $(FUZZ_TOOLS)
+	env -u CARGO_TARGET_DIR $(CARGO) install --locked cargo-fuzz --version 0.13.2 --root $(FUZZ_TOOLS)
 
 test-fuzz: models $(CARGO_FUZZ)
 	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) build $(FUZZ_FLAGS)

@@ -64,7 +64,18 @@ fn check_proto(request: &pb::Request) {
     let bytes = request.encode_to_vec();
     match pb::Request::decode(bytes.as_slice()) {
         Ok(back) => assert_eq!(&back, request, "the proto request does not round-trip"),
-        Err(e) => panic!("the service could not decode this request ({e}): {request:?}"),
+        Err(e) => {
+            let shown = format!("{request:?}");
+            let cut = shown
+                .char_indices()
+                .nth(2000)
+                .map_or(shown.len(), |(at, _)| at);
+            panic!(
+                "the service could not decode this request ({:.600}): {}",
+                e.to_string(),
+                &shown[..cut]
+            )
+        }
     }
 }
 
