@@ -246,12 +246,12 @@ def new_log_lines(srv: harness.Server, offset: int) -> tuple[str, int]:
 
 
 def reproducer(case, base_url: str) -> str:
-    if case.body is None:
-        body = ""
-    elif isinstance(case.body, (bytes, bytearray)):
+    if isinstance(case.body, (bytes, bytearray)):
         body = repr(bytes(case.body))
-    else:
+    elif isinstance(case.body, (dict, list, str, int, float, bool)) or case.body is None:
         body = json.dumps(case.body)
+    else:
+        body = ""  # no body (schemathesis' NOT_SET)
     curl = case.as_curl_command(base_url=base_url)
     return f"{curl}\n  body: {body[:1500]}"
 
@@ -300,13 +300,17 @@ def test_fuzz_operation(server, schema, op_id, mode, cases):
         lines, log_offset[0] = new_log_lines(server, log_offset[0])
         if kind is not None:
             findings.add(kind, f"{reproducer(case, base_url)}\n  answer: {resp.content[:600]!r}")
-        errors = LOG_ERROR.findall(lines) or (["panicked"] if "panicked" in lines else [])
-        if errors:
-            logged = [ln for ln in lines.splitlines() if " ERROR " in ln or "panicked" in ln]
-            findings.add(f"server log: {logged[0][:160] if logged else 'panic'}",
-                         f"{reproducer(case, base_url)}\n  log: {chr(10).join(logged)[:1500]}")
+        log_findings(lines, lambda: reproducer(case, base_url))
+
+    def log_findings(lines: str, where) -> None:
+        logged = [ln for ln in lines.splitlines() if LOG_ERROR.match(ln) or "panicked" in ln]
+        if logged:
+            first = logged[0].split("ERROR", 1)[-1].strip()
+            findings.add(f"server log: {first[:160]}", f"{where()}\n  log: {chr(10).join(logged)[:1500]}")
 
     run()
+    # Anything logged after the last answer was sent.
+    log_findings(new_log_lines(server, log_offset[0])[0], lambda: "after the last case")
     print(f"{op_id} ({mode.value}): {sent[0]} sent, statuses {dict(sorted(statuses.items()))}")
     assert server.alive(), f"gyre died under fuzzing; stderr:\n{server.stderr()[-4000:]}"
     assert sent[0] > unsendable[0], f"only {sent[0]} cases sent, {unsendable[0]} refused by the client library"
