@@ -80,9 +80,10 @@ test-fuzz: models $(CARGO_FUZZ)
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(FUZZ_CORPUS)/$$t; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
+	  dict=; if [ -f fuzz/dicts/$$t.dict ]; then dict=-dict=fuzz/dicts/$$t.dict; fi; \
 	  RUSTC_BOOTSTRAP=1 GYRE_FUZZ_MODELS=$(CURDIR)/$(MODELS) $(CARGO_FUZZ) run $(FUZZ_FLAGS) $$t \
 	    $(FUZZ_CORPUS)/$$t fuzz/corpus/$$t -- \
-	    -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 $(FUZZ_ARGS); \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 $$dict $(FUZZ_ARGS); \
 	done
 
 test: setup build test-rust test-e2e test-fuzz
