@@ -11,7 +11,7 @@ impl Rng {
         Self(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -20,8 +20,8 @@ impl Rng {
     }
 
     /// A number in `1..=max`.
-    pub fn len(&mut self, max: usize) -> usize {
-        1 + (self.next() % max as u64) as usize
+    pub fn up_to(&mut self, max: usize) -> usize {
+        1 + (self.next_u64() % max as u64) as usize
     }
 }
 
@@ -31,7 +31,7 @@ pub fn pieces<'a>(text: &'a str, rng: &mut Rng, max: usize) -> Vec<&'a str> {
     let mut out = Vec::new();
     let mut rest = text;
     while !rest.is_empty() {
-        let take = rng.len(max);
+        let take = rng.up_to(max);
         let cut = rest
             .char_indices()
             .nth(take)
