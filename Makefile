@@ -17,7 +17,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv node models clients build serve test test-rust test-e2e lint bench
+.PHONY: help setup venv node models clients build serve test test-rust test-e2e test-fuzz lint bench
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -62,7 +62,34 @@ test-e2e: setup build
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests
 
-test: setup build test-rust test-e2e
+# cargo-fuzz targets (fuzz/, a workspace of its own): built on the stable
+# toolchain with RUSTC_BOOTSTRAP=1 (cargo-fuzz passes nightly-only flags),
+# without a sanitizer (gyre's code is safe Rust; debug assertions and
+# overflow checks stay on), then each run for FUZZ_SECONDS from the
+# checked-in seeds in fuzz/corpus/<target>; what libFuzzer finds goes to a
+# cache folder, crashes to fuzz/artifacts/<target>/. Any crash fails.
+FUZZ_TOOLS   := $(GYRE_CACHE)/tools
+CARGO_FUZZ   := $(FUZZ_TOOLS)/bin/cargo-fuzz
+FUZZ_TARGETS := request detok tool_calls reasoning
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS   := --fuzz-dir fuzz -s none --target-dir $(GYRE_CACHE)/fuzz-target
+FUZZ_CORPUS  := $(GYRE_CACHE)/fuzz-corpus
+
+$(CARGO_FUZZ):
+	env -u CARGO_TARGET_DIR $(CARGO) install --locked cargo-fuzz --version 0.13.2 --root $(FUZZ_TOOLS)
+
+test-fuzz: models $(CARGO_FUZZ)
+	RUSTC_BOOTSTRAP=1 $(CARGO_FUZZ) build $(FUZZ_FLAGS)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_CORPUS)/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
+	  dict=; if [ -f fuzz/dicts/$$t.dict ]; then dict=-dict=fuzz/dicts/$$t.dict; fi; \
+	  RUSTC_BOOTSTRAP=1 GYRE_FUZZ_MODELS=$(CURDIR)/$(MODELS) $(CARGO_FUZZ) run $(FUZZ_FLAGS) $$t \
+	    $(FUZZ_CORPUS)/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 $$dict $(FUZZ_ARGS); \
+	done
+
+test: setup build test-rust test-e2e test-fuzz
 
 # Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random
 # Llama, side by side in one run; ARGS=--quick for a smoke run.

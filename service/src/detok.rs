@@ -6,6 +6,8 @@
 //! token, like SentencePiece's leading-space handling, decode correctly), and
 //! a piece is released only when the window's text grew past what was
 //! already released and does not end in U+FFFD (an incomplete character).
+//! Text is never withheld for good: when a token changes how the window's
+//! earlier tokens decode (see `released`), what differs is released again.
 
 use tokenizers::Tokenizer;
 
@@ -34,11 +36,9 @@ impl IncrementalDecoder {
             self.skip_special,
         )?;
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
-        if full.len() > prefix.len()
-            && !full.ends_with('\u{FFFD}')
-            && full.is_char_boundary(prefix.len())
-        {
-            let piece = full[prefix.len()..].to_string();
+        let start = released(&prefix, &full);
+        if full.len() > start && !full.ends_with('\u{FFFD}') {
+            let piece = full[start..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
             Ok(piece)
@@ -56,10 +56,30 @@ impl IncrementalDecoder {
         let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
-        if full.len() > prefix.len() && full.is_char_boundary(prefix.len()) {
-            Ok(full[prefix.len()..].to_string())
+        let start = released(&prefix, &full);
+        if full.len() > start {
+            Ok(full[start..].to_string())
         } else {
             Ok(String::new())
         }
     }
+}
+
+/// How much of `full` (the window's text now) was already released as
+/// `prefix` (its text before the new tokens). Normally all of `prefix`; but
+/// a new token can change how earlier ones decode: a byte-fallback
+/// tokenizer decodes a run of byte tokens that is not valid UTF-8 as one
+/// U+FFFD per byte, so a complete character followed by a stray byte
+/// becomes replacement characters. Then only the common start counts as
+/// released, and the rest is released again once complete, rather than
+/// never (the window would otherwise never again extend `prefix`).
+fn released(prefix: &str, full: &str) -> usize {
+    if full.starts_with(prefix) {
+        return prefix.len();
+    }
+    prefix
+        .char_indices()
+        .zip(full.chars())
+        .find(|((_, a), b)| a != b)
+        .map_or(prefix.len().min(full.len()), |((at, _), _)| at)
 }

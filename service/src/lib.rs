@@ -5,6 +5,7 @@
 //! exactly one place (`error`).
 
 pub mod chat;
+pub mod compact;
 pub mod detok;
 pub mod error;
 pub mod grpc;

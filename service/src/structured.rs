@@ -11,6 +11,7 @@ use gyre_engine::llguidance::{Matcher, ParserFactory};
 use gyre_engine::{Constraint, ModelInfo};
 use serde_json::{Value, json};
 
+use crate::compact::compact;
 use crate::error::ServiceError;
 
 /// A model's grammar compiler.
@@ -80,19 +81,4 @@ impl Grammars {
         })?;
         Ok(Some(Constraint::new(Matcher::new(Ok(parser)))))
     }
-}
-
-/// Compact JSON output with ", " / ": " separators (no free whitespace, so a
-/// finished structure cannot be padded forever), unless the schema chose
-/// llguidance options itself.
-pub(crate) fn compact(mut schema: Value) -> Value {
-    if let Some(o) = schema.as_object_mut()
-        && !o.contains_key("x-guidance")
-    {
-        o.insert(
-            "x-guidance".into(),
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
-        );
-    }
-    schema
 }

@@ -20,7 +20,7 @@
 
 use rand::Rng;
 
-use crate::structured::compact;
+use crate::compact::compact;
 use serde_json::{Value, json};
 
 /// A tool-call format.

@@ -119,6 +119,41 @@ fn incremental_decode_is_whole_characters_and_lossless() {
     }
 }
 
+/// Found by the `detok` fuzz target: with a byte-fallback tokenizer, a
+/// stray byte token right after a complete multi-byte character makes the
+/// whole byte run decode as replacement characters, so the window's text no
+/// longer extends what was released. The decoder then held back everything
+/// that followed, to the end of the output.
+#[test]
+fn a_stray_byte_after_a_character_does_not_swallow_the_rest() {
+    let (tok, _) = load_text(&model_dir("tiny-mistral")).expect("loads");
+    let byte = |b: u8| {
+        tok.token_to_id(&format!("<0x{b:02X}>"))
+            .expect("byte-fallback vocabulary")
+    };
+    let mut ids = tok
+        .encode("wine", false)
+        .expect("encode")
+        .get_ids()
+        .to_vec();
+    ids.extend("🍷".bytes().map(byte));
+    ids.push(byte(0xF0)); // the start of a character that never comes
+    ids.extend(tok.encode("and cheese", false).expect("encode").get_ids());
+    let whole = tok.decode(&ids, true).expect("decode");
+    let tail = whole.rsplit('\u{FFFD}').next().unwrap_or_default();
+    assert!(tail.trim() == "and cheese", "decode: {whole:?}");
+
+    let mut d = IncrementalDecoder::new(true);
+    let mut out = String::new();
+    for &id in &ids {
+        out.push_str(&d.push(&tok, id).expect("push"));
+    }
+    assert!(out.ends_with(tail), "streamed before flush: {out:?}");
+    out.push_str(&d.flush(&tok).expect("flush"));
+    assert!(out.starts_with("wine🍷"), "{out:?}");
+    assert!(out.ends_with(&format!("\u{FFFD}{tail}")), "{out:?}");
+}
+
 #[test]
 fn broken_tokenizer_file_fails_with_a_clear_error() {
     // A BPE tokenizer whose merge names tokens missing from its vocabulary.

@@ -1,0 +1,50 @@
+//! Tool-call parsers (`service/src/tools.rs`), every format. Input: byte 0
+//! picks the format, byte 1 seeds how the text is split into stream pieces,
+//! the rest is the model's output (lossy UTF-8).
+//!
+//! Properties: no panic; every parsed call's `arguments` is valid JSON; the
+//! streamed parse (pieces of 1-8 characters through `ToolStream`) gives
+//! exactly the content and calls of the one-shot `parse_all`.
+#![no_main]
+
+use gyre_fuzz::input::{Rng, pieces, split_header};
+use gyre_fuzz::tools::{ToolFormat, ToolStream, parse_all};
+use libfuzzer_sys::fuzz_target;
+
+const FORMATS: [&str; 5] = ["hermes", "mistral", "deepseek", "llama3_json", "json"];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((head, payload)) = split_header(data, 2) else {
+        return;
+    };
+    let name = FORMATS[usize::from(head[0]) % FORMATS.len()];
+    let Some(format) = ToolFormat::from_name(name) else {
+        panic!("format {name} unknown to ToolFormat::from_name");
+    };
+    let text = String::from_utf8_lossy(payload);
+
+    let (content, calls) = parse_all(format, &text);
+    for call in &calls {
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
+            panic!("{name}: call {call:?} has arguments that are not JSON ({e}); output {text:?}");
+        }
+    }
+
+    let mut rng = Rng::new(u64::from(head[1]) << 32 | payload.len() as u64);
+    let mut stream = ToolStream::new(format);
+    let (mut s_content, mut s_calls) = (String::new(), Vec::new());
+    let split = pieces(&text, &mut rng, 8);
+    for piece in &split {
+        let (c, k) = stream.push(piece);
+        s_content.push_str(&c);
+        s_calls.extend(k);
+    }
+    let (c, k) = stream.finish();
+    s_content.push_str(&c);
+    s_calls.extend(k);
+    assert_eq!(
+        (&s_content, &s_calls),
+        (&content, &calls),
+        "{name}: streamed parse of {split:?} differs from the one-shot parse"
+    );
+});
