@@ -160,3 +160,39 @@ fn f16_conversion_is_exact_at_the_edges() {
     assert!(dequant::f16_to_f32(0x7e00).is_nan());
     assert_eq!(dequant::f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
 }
+
+#[test]
+fn an_architecture_the_engine_lacks_fails_naming_it() {
+    // Gemma 3's real GGUF carries `general.architecture = gemma3`.
+    let mut w = Writer::default();
+    let mut arch = Vec::new();
+    string(&mut arch, "gemma3");
+    w.kv("general.architecture", 8, &arch)
+        .kv("gemma3.block_count", 4, &18u32.to_le_bytes());
+    let p = write_temp("gemma3", &w.bytes());
+    let file = GgufFile::open(&p).expect("the container itself is fine");
+    let e = model::config(&file)
+        .expect_err("gemma3 is not supported yet")
+        .to_string();
+    assert!(
+        e.contains("`gemma3`") && e.contains("supported GGUF architectures: llama"),
+        "{e}"
+    );
+    std::fs::remove_file(p).ok();
+}
+
+#[test]
+fn a_sentencepiece_vocabulary_is_refused_by_name() {
+    let mut w = Writer::default();
+    let mut kind = Vec::new();
+    string(&mut kind, "llama");
+    w.kv("tokenizer.ggml.model", 8, &kind);
+    let p = write_temp("spm", &w.bytes());
+    let file = GgufFile::open(&p).expect("opens");
+    let e = tokenizer::tokenizer_json(&file).expect_err("not yet");
+    assert!(
+        e.contains("`llama`") && e.contains("not supported yet"),
+        "{e}"
+    );
+    std::fs::remove_file(p).ok();
+}
