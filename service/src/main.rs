@@ -24,6 +24,15 @@ use tokio::sync::watch;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text (coloured only on a terminal) or one JSON object a line.
+    #[arg(
+        long,
+        global = true,
+        env = "GYRE_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: gyre_shim::logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -285,13 +294,8 @@ fn passive_openmp() {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    gyre_shim::logging::init(cli.log_format);
     // The first signal starts draining, the second (or the drain's end)
     // stops the servers.
     let (drain_tx, drain_rx) = watch::channel(false);

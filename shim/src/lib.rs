@@ -20,6 +20,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod limits;
+pub mod logging;
 pub mod openai;
 pub mod pool;
 pub mod routes;

@@ -15,6 +15,10 @@ use gyre_shim::ShimConfig;
 #[derive(Debug, Parser)]
 #[command(name = "gyre-shim", version, about)]
 struct Args {
+    /// Log lines as text (coloured only on a terminal) or one JSON object a line.
+    #[arg(long, env = "GYRE_LOG_FORMAT", value_enum, default_value_t)]
+    log_format: gyre_shim::logging::LogFormat,
+
     /// URI of the gyre gRPC service.
     #[arg(
         long,
@@ -57,15 +61,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-
     let args = Args::parse();
+    gyre_shim::logging::init(args.log_format);
     let config = ShimConfig {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
