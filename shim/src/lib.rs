@@ -19,6 +19,7 @@ pub mod convert;
 pub mod cors;
 pub mod error;
 pub mod extract;
+pub mod guarded;
 pub mod limits;
 pub mod logging;
 pub mod openai;
@@ -118,10 +119,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true)
         .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
-    let channels = (0..cfg.upstream_connections.max(1))
-        .map(|_| endpoint.connect_lazy())
-        .collect();
-    let pool = Pool::new(channels);
+    let pool = Pool::connect_lazy(&endpoint, cfg.upstream_connections);
     let grpc_auth = match &cfg.api_key {
         Some(key) => {
             let mut value = AsciiMetadataValue::try_from(format!("Bearer {key}"))

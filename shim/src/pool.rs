@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use axum::body::Bytes;
-use http_body::{Body, Frame, SizeHint};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::guarded::Guarded;
 
 /// Default number of HTTP/2 connections to the service.
 pub const DEFAULT_CONNECTIONS: u16 = 4;
@@ -42,12 +42,11 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool over `channels` (at least one).
-    pub fn new(channels: Vec<Channel>) -> Self {
-        let slots: Vec<Slot> = channels
-            .into_iter()
-            .map(|channel| Slot {
-                channel,
+    /// A pool of `n` (at least one) lazily connected channels to `endpoint`.
+    pub fn connect_lazy(endpoint: &Endpoint, n: usize) -> Self {
+        let slots: Vec<Slot> = (0..n.max(1))
+            .map(|_| Slot {
+                channel: endpoint.connect_lazy(),
                 load: Arc::new(AtomicUsize::new(0)),
             })
             .collect();
@@ -67,15 +66,11 @@ impl Pool {
 
     /// The index of the least-loaded channel, ties taken in turn.
     fn pick(&self) -> usize {
-        let n = self.slots.len().max(1);
+        let n = self.slots.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         (0..n)
             .map(|i| (start + i) % n)
-            .min_by_key(|&i| {
-                self.slots
-                    .get(i)
-                    .map_or(usize::MAX, |s| s.load.load(Ordering::SeqCst))
-            })
+            .min_by_key(|&i| self.slots[i].load.load(Ordering::SeqCst))
             .unwrap_or(0)
     }
 }
@@ -93,25 +88,21 @@ impl tower::Service<http::Request<tonic::body::Body>> for Pool {
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let Some(slot) = self.slots.get(self.pick()) else {
-            return Box::pin(std::future::pending());
-        };
+        // Never empty (see `connect_lazy`), and `pick` is in range.
+        let slot = &self.slots[self.pick()];
         slot.load.fetch_add(1, Ordering::SeqCst);
         let guard = LoadGuard(slot.load.clone());
         let mut channel = slot.channel.clone();
         Box::pin(async move {
             std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
             let response = channel.call(req).await?;
-            Ok(response.map(|body| Counted {
-                inner: body,
-                _guard: guard,
-            }))
+            Ok(response.map(|body| Guarded::new(body, guard)))
         })
     }
 }
 
 /// Counts one call in flight on a channel until dropped.
-struct LoadGuard(Arc<AtomicUsize>);
+pub struct LoadGuard(Arc<AtomicUsize>);
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
@@ -120,30 +111,7 @@ impl Drop for LoadGuard {
 }
 
 /// A response body that keeps its call counted until done or dropped.
-pub struct Counted {
-    inner: tonic::body::Body,
-    _guard: LoadGuard,
-}
-
-impl Body for Counted {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+pub type Counted = Guarded<tonic::body::Body, LoadGuard>;
 
 #[cfg(test)]
 mod tests {
@@ -152,7 +120,7 @@ mod tests {
     #[tokio::test]
     async fn calls_go_to_the_least_loaded_channel_in_turn() {
         let endpoint = tonic::transport::Endpoint::from_static("http://127.0.0.1:9");
-        let pool = Pool::new((0..3).map(|_| endpoint.connect_lazy()).collect());
+        let pool = Pool::connect_lazy(&endpoint, 3);
         // Ties are taken in turn.
         let picks: Vec<usize> = (0..3).map(|_| pool.pick()).collect();
         let mut sorted = picks.clone();

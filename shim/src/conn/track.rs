@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{BoxError, ConnLimits};
+use crate::guarded::Guarded;
 
 /// Shared between a connection's IO, its service and its watchdog. Times
 /// are milliseconds since the connection was accepted.
@@ -161,7 +162,7 @@ impl ConnState {
 }
 
 /// Counts one request as in flight until dropped.
-struct InFlight(Arc<ConnState>);
+pub(super) struct InFlight(Arc<ConnState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -252,7 +253,7 @@ where
     S::Error: Into<BoxError>,
     B: Body + Send + 'static,
 {
-    type Response = http::Response<TrackedBody<B>>;
+    type Response = http::Response<Guarded<B, InFlight>>;
     type Error = BoxError;
     type Future = BoxFuture<Result<Self::Response, BoxError>>;
 
@@ -265,37 +266,8 @@ where
                 .await
                 .map_err(Into::into)?;
             let response = service.call(req).await.map_err(Into::into)?;
-            Ok(response.map(|body| TrackedBody {
-                inner: Box::pin(body),
-                _guard: guard,
-            }))
+            Ok(response.map(|body| Guarded::new(body, guard)))
         })
-    }
-}
-
-/// A response body that keeps its request in flight until done or dropped.
-pub(super) struct TrackedBody<B> {
-    inner: Pin<Box<B>>,
-    _guard: InFlight,
-}
-
-impl<B: Body> Body for TrackedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.get_mut().inner.as_mut().poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
