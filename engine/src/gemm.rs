@@ -8,8 +8,13 @@
 //! out k-major, and a register-tiled kernel (8 rows x 32 columns of
 //! accumulators) streams each panel once per 8 rows.
 //!
-//! Each output element is one fused multiply-add chain over k in order, so a
-//! row's result is the same whatever else is in the batch (MKL's is not).
+//! Each output element is summed in a fixed order that depends only on k: a
+//! fused multiply-add chain over each block of `KC` consecutive k, and the
+//! blocks' sums added in order. So a row's result is the same whatever else
+//! is in the batch (MKL's is not). Blocking also bounds the rounding error: a
+//! single chain over all of k drifts with its length (on SmolLM2's 30 layers
+//! it put logits 1.6e-4 from a float64 run, against transformers' own
+//! 9.3e-5); blocks of 128 bring that to 5.8e-5.
 
 use tch::{Device, Kind, Tensor};
 
@@ -19,6 +24,9 @@ use crate::EngineError;
 const NR: usize = 32;
 /// Rows per register tile.
 const MR: usize = 8;
+/// Values of k summed in one chain before the chain's sum is added to the
+/// output (see the module comment).
+const KC: usize = 128;
 
 /// Whether this CPU can run the kernel.
 pub(crate) fn available() -> bool {
@@ -168,14 +176,24 @@ fn kernel(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]
         }
         return;
     }
-    // Portable fallback with the same order of operations per element.
+    portable(x, k, rows, w, tile);
+}
+
+/// The kernel without SIMD, with the same order of operations per element.
+fn portable(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]) {
     for i in 0..rows {
         let xr = &x[i * k..(i + 1) * k];
         let t = &mut tile[i * NR..(i + 1) * NR];
-        t.fill(0.0);
-        for (kk, &xv) in xr.iter().enumerate() {
-            for (c, tv) in t.iter_mut().enumerate() {
-                *tv = xv.mul_add(w[kk * NR + c], *tv);
+        for (b, block) in xr.chunks(KC).enumerate() {
+            let mut acc = [0f32; NR];
+            for (j, &xv) in block.iter().enumerate() {
+                let wk = &w[(b * KC + j) * NR..][..NR];
+                for (a, &wv) in acc.iter_mut().zip(wk) {
+                    *a = xv.mul_add(wv, *a);
+                }
+            }
+            for (tv, a) in t.iter_mut().zip(acc) {
+                *tv = if b == 0 { a } else { *tv + a };
             }
         }
     }
@@ -192,10 +210,11 @@ fn available_cached() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{MR, NR};
+    use super::{KC, MR, NR};
 
-    /// Register tile of R rows x 32 columns: 2R accumulators, one FMA
-    /// chain per output element over k in order.
+    /// Register tile of R rows x 32 columns: 2R accumulators, each summing
+    /// one block of `KC` values of k in order; the blocks' sums are added
+    /// into the tile in order.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile<const R: usize>(
         x: &[f32],
@@ -203,30 +222,41 @@ mod avx512 {
         w: &[f32],
         tile: &mut [f32; MR * NR],
     ) {
-        let mut a0 = [_mm512_setzero_ps(); R];
-        let mut a1 = [_mm512_setzero_ps(); R];
         let wp = w.as_ptr();
         let xp = x.as_ptr();
-        for kk in 0..k {
-            // SAFETY (for the whole loop): kk < k, so the panel reads stay
-            // within k * NR floats and the row reads within R * k.
-            unsafe {
-                let w0 = _mm512_loadu_ps(wp.add(kk * NR));
-                let w1 = _mm512_loadu_ps(wp.add(kk * NR + 16));
-                for r in 0..R {
-                    let xv = _mm512_set1_ps(*xp.add(r * k + kk));
-                    a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
-                    a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+        let tp = tile.as_mut_ptr();
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            let mut a0 = [_mm512_setzero_ps(); R];
+            let mut a1 = [_mm512_setzero_ps(); R];
+            for kk in k0..k1 {
+                // SAFETY (for the whole loop): kk < k, so the panel reads
+                // stay within k * NR floats and the row reads within R * k.
+                unsafe {
+                    let w0 = _mm512_loadu_ps(wp.add(kk * NR));
+                    let w1 = _mm512_loadu_ps(wp.add(kk * NR + 16));
+                    for r in 0..R {
+                        let xv = _mm512_set1_ps(*xp.add(r * k + kk));
+                        a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+                        a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
+                    }
                 }
             }
-        }
-        let tp = tile.as_mut_ptr();
-        for r in 0..R {
-            // SAFETY: r < R <= MR, so both stores are inside the tile.
-            unsafe {
-                _mm512_storeu_ps(tp.add(r * NR), a0[r]);
-                _mm512_storeu_ps(tp.add(r * NR + 16), a1[r]);
+            for r in 0..R {
+                // SAFETY: r < R <= MR, so every access is inside the tile.
+                unsafe {
+                    let (t0, t1) = (tp.add(r * NR), tp.add(r * NR + 16));
+                    if k0 == 0 {
+                        _mm512_storeu_ps(t0, a0[r]);
+                        _mm512_storeu_ps(t1, a1[r]);
+                    } else {
+                        _mm512_storeu_ps(t0, _mm512_add_ps(_mm512_loadu_ps(t0), a0[r]));
+                        _mm512_storeu_ps(t1, _mm512_add_ps(_mm512_loadu_ps(t1), a1[r]));
+                    }
+                }
             }
+            k0 = k1;
         }
     }
 }
@@ -262,6 +292,59 @@ mod tests {
                 assert!(same, "n={n} k={k} m={m}: last row differs when alone");
             }
         }
+    }
+
+    /// The SIMD kernel and the portable one sum in the same order, so they
+    /// agree to the bit (k spans several blocks and a partial one).
+    #[test]
+    fn simd_and_portable_kernels_agree_exactly() {
+        tch::manual_seed(5);
+        let k = 2 * KC + 37;
+        let w = Tensor::randn([NR as i64, k as i64], (Kind::Float, Device::Cpu));
+        let p = Packed::new(&w).expect("pack");
+        let x = Tensor::randn([MR as i64, k as i64], (Kind::Float, Device::Cpu));
+        let xs = crate::attn::f32_view(&x).expect("view");
+        for rows in 1..=MR {
+            let (mut a, mut b) = ([0f32; MR * NR], [0f32; MR * NR]);
+            kernel(xs, k, rows, &p.data, &mut a);
+            portable(xs, k, rows, &p.data, &mut b);
+            assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows}");
+        }
+    }
+
+    /// Blocked sums stay closer to exact arithmetic than one chain over all
+    /// of k: on a long dot product (k = 8192) the error against float64 is
+    /// below a single chain's (computed here with the same FMAs).
+    #[test]
+    fn blocked_sums_are_more_accurate_than_one_chain() {
+        tch::manual_seed(7);
+        let k = 8192usize;
+        let w = Tensor::rand([NR as i64, k as i64], (Kind::Float, Device::Cpu));
+        let x = Tensor::rand([1, k as i64], (Kind::Float, Device::Cpu));
+        let p = Packed::new(&w).expect("pack");
+        let got = p.forward(&x, &pool()).expect("forward");
+        let got: Vec<f32> = Vec::try_from(&got.flatten(0, -1)).expect("vec");
+        let exact = x
+            .to_kind(Kind::Double)
+            .linear::<Tensor>(&w.to_kind(Kind::Double), None);
+        let exact: Vec<f64> = Vec::try_from(&exact.flatten(0, -1)).expect("vec");
+        let (xs, ws) = (
+            crate::attn::f32_view(&x).expect("x"),
+            crate::attn::f32_view(&w).expect("w"),
+        );
+        let (mut blocked, mut chain) = (0f64, 0f64);
+        for c in 0..NR {
+            let one = xs
+                .iter()
+                .zip(&ws[c * k..(c + 1) * k])
+                .fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc));
+            chain = chain.max((one as f64 - exact[c]).abs());
+            blocked = blocked.max((got[c] as f64 - exact[c]).abs());
+        }
+        assert!(
+            blocked < chain,
+            "blocked error {blocked:.3e} is not below one chain's {chain:.3e}"
+        );
     }
 
     #[test]
