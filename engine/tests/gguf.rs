@@ -1,7 +1,9 @@
 //! gyre's GGUF reader against the `gguf` Python package (llama.cpp's own
 //! reference port): every readable ggml type dequantizes bit for bit as the
-//! package does, on seeded random blocks and on the real SmolLM2-135M-Instruct
-//! GGUF's tensors. The references are made by `tests/fixtures/make_gguf_refs.py`
+//! package does, on seeded random blocks, on the real SmolLM2-135M-Instruct
+//! GGUF's tensors and on every tensor of the real Gemma 3 270M Q4_K_M GGUF
+//! (F32, Q4_K, Q5_0, Q6_K, Q8_0). The references are made by
+//! `tests/fixtures/make_gguf_refs.py` and `tests/fixtures/make_spm_refs.py`
 //! (`make models`).
 
 use std::path::PathBuf;
@@ -196,5 +198,88 @@ fn smollm2_gguf_runs_like_transformers() {
     println!(
         "SmolLM2 GGUF: {} greedy 48-token continuations identical to transformers",
         cases.len()
+    );
+}
+
+fn spm_manifest() -> Value {
+    let p = refs().join("spm/manifest.json");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; make the references first: `make models`",
+            p.display()
+        )
+    });
+    serde_json::from_str(&text).expect("manifest parses")
+}
+
+fn sha256_hex(values: &[f32]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for v in values {
+        h.update(v.to_le_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every tensor of the real Gemma 3 270M GGUF dequantizes bit for bit as the
+/// `gguf` package does (SHA-256 of the f32 bytes; the smallest tensor of each
+/// type also element by element, for a readable first difference).
+#[test]
+fn real_gemma3_tensors_match_the_gguf_package() {
+    let m = spm_manifest();
+    let file = GgufFile::open(m["gemma3"].as_str().expect("gguf path").as_ref()).expect("opens");
+    let cases = m["gemma3_tensors"].as_array().expect("tensor list");
+    assert_eq!(
+        cases.len(),
+        file.tensors.len(),
+        "every tensor has a reference"
+    );
+    let mut kinds: Vec<&str> = cases.iter().filter_map(|c| c["type"].as_str()).collect();
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(kinds, ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
+    for case in cases {
+        let name = case["tensor"].as_str().expect("tensor");
+        let t = file.tensor(name).expect("in the file");
+        let dims: Vec<u64> = case["dims"]
+            .as_array()
+            .expect("dims")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        assert_eq!(t.dims, dims, "{name}: dims");
+        let got = file.dequantize(t).expect("dequantizes");
+        if let Some(sample) = case["file"].as_str() {
+            let want = f32s(&std::fs::read(refs().join("spm").join(sample)).expect("sample"));
+            if let Some(i) = first_difference(&got, &want) {
+                panic!("{name}: element {i}: gyre {} vs gguf {}", got[i], want[i]);
+            }
+        }
+        assert_eq!(
+            sha256_hex(&got),
+            case["sha256"].as_str().expect("sha256"),
+            "{name} ({}): dequantized values differ from the gguf package's",
+            case["type"]
+        );
+    }
+    println!(
+        "Gemma 3 GGUF: {} tensors of types {kinds:?} bit-exact with the gguf package",
+        cases.len()
+    );
+}
+
+/// Until the Gemma 3 family lands, loading the real Gemma 3 GGUF fails with
+/// the unsupported-architecture message naming `gemma3`.
+#[test]
+fn real_gemma3_gguf_is_refused_naming_its_architecture() {
+    let m = spm_manifest();
+    let path = PathBuf::from(m["gemma3"].as_str().expect("gguf path"));
+    let Err(e) = gyre_engine::load_model(&path, gyre_engine::DeviceChoice::Cpu) else {
+        panic!("the Gemma 3 GGUF loaded, but the engine has no Gemma 3 family yet");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("`gemma3`") && e.contains("architecture"),
+        "unexpected message: {e}"
     );
 }

@@ -8,6 +8,7 @@
 
 pub mod dequant;
 pub mod model;
+mod spm;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;

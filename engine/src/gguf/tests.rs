@@ -182,17 +182,14 @@ fn an_architecture_the_engine_lacks_fails_naming_it() {
 }
 
 #[test]
-fn a_sentencepiece_vocabulary_is_refused_by_name() {
+fn an_unknown_tokenizer_model_is_refused_by_name() {
     let mut w = Writer::default();
     let mut kind = Vec::new();
-    string(&mut kind, "llama");
+    string(&mut kind, "rwkv");
     w.kv("tokenizer.ggml.model", 8, &kind);
-    let p = write_temp("spm", &w.bytes());
+    let p = write_temp("rwkv-vocab", &w.bytes());
     let file = GgufFile::open(&p).expect("opens");
-    let e = tokenizer::tokenizer_json(&file).expect_err("not yet");
-    assert!(
-        e.contains("`llama`") && e.contains("not supported yet"),
-        "{e}"
-    );
+    let e = tokenizer::tokenizer_json(&file).expect_err("unknown model");
+    assert!(e.contains("`rwkv`") && e.contains("not supported"), "{e}");
     std::fs::remove_file(p).ok();
 }

@@ -4,16 +4,81 @@
 //! gguf_file=...)`), so token ids agree with it. Also the special tokens and
 //! the chat template (`tokenizer.chat_template`).
 //!
-//! GPT-2 style byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is read;
-//! SentencePiece-style vocabularies (`"llama"`) are refused by name for now.
+//! GPT-2 style byte-level BPE (`tokenizer.ggml.model = "gpt2"`) is built
+//! here; SentencePiece-style vocabularies (`"llama"`) in [`super::spm`].
+//! Any other tokenizer model is refused by name.
 
 use serde_json::{Value as Json, json};
 
 use super::{GgufFile, Value};
 
 /// llama.cpp's token types (`tokenizer.ggml.token_type`).
-const CONTROL: i64 = 3;
-const USER_DEFINED: i64 = 4;
+pub(super) const CONTROL: i64 = 3;
+pub(super) const USER_DEFINED: i64 = 4;
+
+/// The vocabulary arrays of a GGUF's tokenizer.
+pub(super) struct Vocab<'a> {
+    pub tokens: Vec<&'a str>,
+    /// One llama.cpp token type per token (1, normal, where the file has none).
+    pub types: Vec<i64>,
+    /// `tokenizer.ggml.scores`, if present.
+    pub scores: Option<Vec<f64>>,
+    /// `tokenizer.ggml.merges`, if present.
+    pub merges: Option<Vec<&'a str>>,
+}
+
+impl<'a> Vocab<'a> {
+    fn read(file: &'a GgufFile) -> Result<Self, String> {
+        let tokens = strings(file, "tokenizer.ggml.tokens")?;
+        let types: Vec<i64> = match file
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+        {
+            Some(a) => a
+                .iter()
+                .map(|v| match v {
+                    Value::I32(t) => *t as i64,
+                    other => other.as_u64().map_or(1, |t| t as i64),
+                })
+                .collect(),
+            None => vec![1; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(format!(
+                "tokenizer.ggml.token_type has {} entries for {} tokens",
+                types.len(),
+                tokens.len()
+            ));
+        }
+        let scores = match file.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+            Some(a) => {
+                let s: Vec<f64> = a
+                    .iter()
+                    .map(|v| v.as_f64().ok_or("tokenizer.ggml.scores holds a non-number"))
+                    .collect::<Result<_, _>>()?;
+                if s.len() != tokens.len() {
+                    return Err(format!(
+                        "tokenizer.ggml.scores has {} entries for {} tokens",
+                        s.len(),
+                        tokens.len()
+                    ));
+                }
+                Some(s)
+            }
+            None => None,
+        };
+        let merges = match file.get("tokenizer.ggml.merges") {
+            Some(_) => Some(strings(file, "tokenizer.ggml.merges")?),
+            None => None,
+        };
+        Ok(Self {
+            tokens,
+            types,
+            scores,
+            merges,
+        })
+    }
+}
 
 fn strings<'a>(file: &'a GgufFile, key: &str) -> Result<Vec<&'a str>, String> {
     file.get(key)
@@ -33,26 +98,26 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<String, String> {
         .get("tokenizer.ggml.model")
         .and_then(Value::as_str)
         .ok_or("the GGUF has no tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(format!(
-            "GGUF tokenizer model `{model}` is not supported yet (supported: gpt2, byte-level BPE)"
-        ));
-    }
-    let tokens = strings(file, "tokenizer.ggml.tokens")?;
-    let merges = strings(file, "tokenizer.ggml.merges")?;
-    let types: Vec<i64> = match file
-        .get("tokenizer.ggml.token_type")
-        .and_then(Value::as_array)
-    {
-        Some(a) => a
-            .iter()
-            .map(|v| match v {
-                Value::I32(t) => *t as i64,
-                other => other.as_u64().map_or(1, |t| t as i64),
-            })
-            .collect(),
-        None => vec![1; tokens.len()],
+    let doc = match model {
+        "gpt2" => byte_level_bpe(&Vocab::read(file)?)?,
+        "llama" => super::spm::tokenizer_json(file, &Vocab::read(file)?)?,
+        other => {
+            return Err(format!(
+                "GGUF tokenizer model `{other}` is not supported (supported: gpt2, byte-level BPE; llama, SentencePiece-style)"
+            ));
+        }
     };
+    serde_json::to_string(&doc).map_err(|e| e.to_string())
+}
+
+/// GPT-2 style byte-level BPE with the file's merges.
+fn byte_level_bpe(v: &Vocab<'_>) -> Result<Json, String> {
+    let tokens = &v.tokens;
+    let types = &v.types;
+    let merges = v
+        .merges
+        .as_ref()
+        .ok_or("the GGUF has no tokenizer.ggml.merges")?;
     let vocab: serde_json::Map<String, Json> = tokens
         .iter()
         .enumerate()
@@ -68,7 +133,7 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<String, String> {
         .collect::<Result<_, _>>()?;
     let added: Vec<Json> = tokens
         .iter()
-        .zip(&types)
+        .zip(types)
         .enumerate()
         .filter(|(_, (_, t))| **t == CONTROL || **t == USER_DEFINED)
         .map(|(id, (content, t))| {
@@ -95,7 +160,7 @@ pub fn tokenizer_json(file: &GgufFile) -> Result<String, String> {
             "vocab": vocab, "merges": merges,
         },
     });
-    serde_json::to_string(&doc).map_err(|e| e.to_string())
+    Ok(doc)
 }
 
 /// The text of special token `key` (`bos`, `eos`, ...), if the file names one.
