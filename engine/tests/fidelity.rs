@@ -8,9 +8,8 @@
 
 use std::path::PathBuf;
 
-use gyre_engine::{
-    DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling, load_model,
-};
+use gyre_engine::internals::load_model;
+use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use serde_json::Value;
 
 const MODELS: [&str; 3] = ["tiny-llama", "tiny-mistral", "tiny-qwen2"];
