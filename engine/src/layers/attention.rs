@@ -71,17 +71,16 @@ pub(crate) fn paged_attention(
             }
         }
     }
-    let visible = |slots: &[i64]| -> usize {
-        p.window
-            .map_or(0, |w| slots.len().saturating_sub(w.max(1) as usize))
-    };
+    // The first position a sequence's first new query sees.
+    let first_visible =
+        |start: i64| -> usize { p.window.map_or(0, |w| (start - w + 1).max(0) as usize) };
     let decodes: Vec<attn::DecodeSeq<'_>> = if b.cpu_decode {
         b.seqs
             .iter()
             .filter(|s| s.len == 1)
             .map(|s| attn::DecodeSeq {
                 row: s.row,
-                slots: &s.slots[visible(&s.slots)..],
+                slots: &s.slots[first_visible(s.start)..],
             })
             .collect()
     } else {
@@ -124,7 +123,7 @@ pub(crate) fn paged_attention(
             }
             _ => {
                 let qs = q.f_narrow(0, s.row as i64, len)?;
-                let lo = visible(&s.slots);
+                let lo = first_visible(s.start);
                 outs.push(sdpa(pool, li, &qs, &s.slots[lo..], lo as i64, s.start, p)?);
             }
         }
