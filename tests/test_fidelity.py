@@ -16,9 +16,9 @@ import harness
 from conftest import MODELS
 
 GREEDY_TOKENS = 32
-# Every family the fixtures have: the shared models plus Qwen3 and a Mistral
-# whose sliding window (24) is shorter than its prompt.
-FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw")
+# Every family the fixtures have: the shared models plus Qwen3, a Mistral
+# whose sliding window (24) is shorter than its prompt, Gemma 3 and Gemma 2.
+FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw", "tiny-gemma3", "tiny-gemma2")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

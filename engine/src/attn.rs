@@ -21,12 +21,15 @@ pub(crate) struct DecodeSeq<'a> {
     pub slots: &'a [i64],
 }
 
-/// Shapes of the attention.
+/// Shapes of the attention, and how its logits are formed: `q . k * scale`,
+/// then, with a soft cap c, `c * tanh(x / c)` (Gemma 2).
 #[derive(Clone, Copy)]
 pub(crate) struct Heads {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub scale: f32,
+    pub softcap: Option<f32>,
 }
 
 /// Borrows a contiguous float32 CPU tensor as a slice.
@@ -143,7 +146,7 @@ fn one_seq_avx2(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, ou
 fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
     let hd = h.head_dim;
     let group = h.heads / h.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = h.scale;
     let t = s.slots.len();
     let mut scores = vec![0f32; group * t];
     let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
@@ -153,6 +156,11 @@ fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, ou
             let key = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
             for (i, qh) in qg.chunks_exact(hd).enumerate() {
                 scores[i * t + j] = dot(qh, key) * scale;
+            }
+        }
+        if let Some(cap) = h.softcap {
+            for x in scores.iter_mut() {
+                *x = (*x / cap).tanh() * cap;
             }
         }
         for row in scores.chunks_exact_mut(t) {
@@ -271,6 +279,8 @@ mod tests {
             heads: nh as usize,
             kv_heads: nkv as usize,
             head_dim: hd as usize,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
         };
         let qs = f32_view(&q).expect("q");
         let ks = f32_view(&k).expect("k");

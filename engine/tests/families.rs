@@ -58,6 +58,8 @@ fn every_fixture_family_loads() {
         ("tiny-mistral-sw", "MistralForCausalLM"),
         ("tiny-qwen2", "Qwen2ForCausalLM"),
         ("tiny-qwen3", "Qwen3ForCausalLM"),
+        ("tiny-gemma3", "Gemma3ForCausalLM"),
+        ("tiny-gemma2", "Gemma2ForCausalLM"),
     ] {
         let m = load_model(&fixture(name), DeviceChoice::Cpu).expect("loads");
         assert_eq!(m.config().architecture, arch);

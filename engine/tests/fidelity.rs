@@ -1,7 +1,7 @@
 //! Numerical fidelity against HuggingFace transformers on the same weights.
 //!
 //! `tests/fixtures/make_models.py` builds tiny random-weight Llama, Mistral,
-//! Qwen2, Qwen3 and sliding-window Mistral models and records transformers'
+//! Qwen2, Qwen3, sliding-window Mistral, Gemma 3 and Gemma 2 models and records transformers'
 //! float32 logits for a prompt and its greedy 32-token continuation
 //! (`golden.json`). Here gyre must match: every logit within 1e-4, and the
 //! greedy continuation token for token, run directly, through the batching
@@ -14,12 +14,14 @@ use gyre_engine::internals::load_model;
 use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use serde_json::Value;
 
-const MODELS: [&str; 5] = [
+const MODELS: [&str; 7] = [
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen2",
     "tiny-qwen3",
     "tiny-mistral-sw",
+    "tiny-gemma3",
+    "tiny-gemma2",
 ];
 const TOLERANCE: f64 = 1e-4;
 

@@ -269,18 +269,32 @@ fn real_gemma3_tensors_match_the_gguf_package() {
     );
 }
 
-/// Until the Gemma 3 family lands, loading the real Gemma 3 GGUF fails with
-/// the unsupported-architecture message naming `gemma3`.
+/// A GGUF whose architecture no family implements fails at load naming
+/// it. The file is written here: a GGUF header with one metadata key,
+/// `general.architecture = mamba`, and no tensors.
 #[test]
-fn real_gemma3_gguf_is_refused_naming_its_architecture() {
-    let m = spm_manifest();
-    let path = PathBuf::from(m["gemma3"].as_str().expect("gguf path"));
-    let Err(e) = gyre_engine::load_model(&path, gyre_engine::DeviceChoice::Cpu) else {
-        panic!("the Gemma 3 GGUF loaded, but the engine has no Gemma 3 family yet");
+fn a_gguf_architecture_the_engine_lacks_is_refused_by_name() {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes()); // version
+    bytes.extend(0u64.to_le_bytes()); // tensors
+    bytes.extend(1u64.to_le_bytes()); // metadata keys
+    string(&mut bytes, "general.architecture");
+    bytes.extend(8u32.to_le_bytes()); // string
+    string(&mut bytes, "mamba");
+    let path = std::env::temp_dir().join(format!("gyre-mamba-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).expect("write gguf");
+    let loaded = gyre_engine::internals::load_model(&path, gyre_engine::DeviceChoice::Cpu);
+    let _ = std::fs::remove_file(&path);
+    let Err(e) = loaded else {
+        panic!("a mamba GGUF loaded, but the engine has no mamba family");
     };
     let e = e.to_string();
     assert!(
-        e.contains("`gemma3`") && e.contains("architecture"),
+        e.contains("`mamba`") && e.contains("architecture") && e.contains("gemma3"),
         "unexpected message: {e}"
     );
 }

@@ -5,6 +5,8 @@
 //! llama.cpp's converter permutes the rows of Llama's q and k projections
 //! (to interleave each head's rotary halves); this undoes it, as
 //! transformers' GGUF loader does, so the weights are the checkpoint's own.
+//! For Gemma 3 it adds one to every norm weight (llama.cpp's RMSNorm has no
+//! `1 + w`); this takes it off again, as transformers does.
 
 use std::collections::HashMap;
 
@@ -15,7 +17,7 @@ use crate::EngineError;
 use crate::config::ModelConfig;
 
 /// GGUF architectures (`general.architecture`) the engine can run.
-pub const SUPPORTED: &[&str] = &["llama"];
+pub const SUPPORTED: &[&str] = &["llama", "gemma3"];
 
 fn load_err(file: &GgufFile, reason: impl Into<String>) -> EngineError {
     EngineError::Load {
@@ -86,8 +88,14 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, EngineError> {
             .and_then(Value::as_u64)
             .map(|v| v as u32)
     };
+    let gemma3 = arch == "gemma3";
     Ok(ModelConfig {
-        architecture: "LlamaForCausalLM".into(),
+        architecture: if gemma3 {
+            "Gemma3ForCausalLM"
+        } else {
+            "LlamaForCausalLM"
+        }
+        .into(),
         hidden_size: hidden,
         intermediate_size: int("feed_forward_length")?,
         num_layers: int("block_count")?,
@@ -101,8 +109,12 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, EngineError> {
         max_position_embeddings: int("context_length").unwrap_or(2048),
         vocab_size: vocab,
         tie_word_embeddings: file.tensor("output.weight").is_err(),
-        hidden_act: "silu".into(),
-        raw: serde_json::Value::Null,
+        hidden_act: if gemma3 { "gelu_pytorch_tanh" } else { "silu" }.into(),
+        raw: if gemma3 {
+            gemma3_raw(file, float("rope.freq_base"))
+        } else {
+            serde_json::Value::Null
+        },
         eos_token_ids: token_id("eos_token_id").into_iter().collect(),
         bos_token_id: token_id("bos_token_id"),
         default_temperature: None,
@@ -113,8 +125,32 @@ pub fn config(file: &GgufFile) -> Result<ModelConfig, EngineError> {
     })
 }
 
-/// The HuggingFace name of a GGUF tensor name, if the model uses it.
-fn hf_name(name: &str) -> Option<String> {
+/// The Gemma 3 fields that are not in [`ModelConfig`], as transformers
+/// reads them from the GGUF: `sliding_window` and the global rope base from
+/// the metadata; `query_pre_attn_scalar` (256), the local rope base (10000)
+/// and the layer pattern (every sixth layer global) are not in the file and
+/// take transformers' defaults, which are Gemma 3's own (but for 27B's
+/// `query_pre_attn_scalar`).
+fn gemma3_raw(file: &GgufFile, rope_theta: Option<f64>) -> serde_json::Value {
+    let mut raw = serde_json::json!({ "hidden_activation": "gelu_pytorch_tanh" });
+    if let Some(w) = file
+        .get("gemma3.attention.sliding_window")
+        .and_then(Value::as_u64)
+    {
+        raw["sliding_window"] = w.into();
+    }
+    if let Some(t) = rope_theta {
+        raw["rope_theta"] = t.into();
+    }
+    raw
+}
+
+/// The HuggingFace name of a GGUF tensor name of architecture `arch`, if
+/// the model uses it.
+fn hf_name(arch: &str, name: &str) -> Option<String> {
+    if arch == "gemma3" {
+        return gemma3_hf_name(name);
+    }
     Some(match name {
         "token_embd.weight" => "model.embed_tokens.weight".into(),
         "output_norm.weight" => "model.norm.weight".into(),
@@ -140,6 +176,30 @@ fn hf_name(name: &str) -> Option<String> {
     })
 }
 
+/// Gemma 3's tensor names: Llama's, but `ffn_norm` is the norm before the
+/// MLP, and the post-attention, post-MLP and q/k norms have names of their own.
+fn gemma3_hf_name(name: &str) -> Option<String> {
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return hf_name("llama", name);
+    };
+    let (layer, part) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let hf = match part {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
+        "post_attention_norm.weight" => "post_attention_layernorm.weight",
+        "ffn_norm.weight" => "pre_feedforward_layernorm.weight",
+        "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+        "attn_q.weight" | "attn_k.weight" | "attn_v.weight" | "attn_output.weight"
+        | "ffn_gate.weight" | "ffn_up.weight" | "ffn_down.weight" => {
+            return hf_name("llama", name);
+        }
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}"))
+}
+
 /// Undoes llama.cpp's row permutation of a q or k projection with `heads`
 /// heads: rows `[h, 2, d/2]` were stored as `[h, d/2, 2]`.
 fn unpermute(w: &Tensor, heads: i64) -> Result<Tensor, EngineError> {
@@ -155,17 +215,28 @@ fn unpermute(w: &Tensor, heads: i64) -> Result<Tensor, EngineError> {
 /// HuggingFace name. An unknown tensor name is an error, so nothing is
 /// silently dropped.
 pub fn weights(file: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>, EngineError> {
+    let arch = file
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("llama");
+    let gemma3 = arch == "gemma3";
     let mut map = HashMap::with_capacity(file.tensors.len());
     for t in &file.tensors {
-        let name = hf_name(&t.name).ok_or_else(|| {
+        let name = hf_name(arch, &t.name).ok_or_else(|| {
             EngineError::Unsupported(format!(
-                "GGUF tensor `{}` has no place in a llama model",
+                "GGUF tensor `{}` has no place in a {arch} model",
                 t.name
             ))
         })?;
         let values = file.dequantize(t)?;
         let tensor = Tensor::f_from_slice(&values)?.f_reshape(t.shape())?;
-        let tensor = if t.name.ends_with("attn_q.weight") {
+        let tensor = if gemma3 {
+            if t.name.ends_with("norm.weight") {
+                tensor.f_sub_scalar(1.0)?
+            } else {
+                tensor
+            }
+        } else if t.name.ends_with("attn_q.weight") {
             unpermute(&tensor, cfg.num_heads)?
         } else if t.name.ends_with("attn_k.weight") {
             unpermute(&tensor, cfg.num_kv_heads)?

@@ -8,11 +8,14 @@
 //! result never depends on what it is batched with.
 //!
 //! Parameters: a sliding window (query at position p sees keys in
-//! `p - window < k <= p`, as transformers' sliding-window mask). Windowed
-//! layers on CUDA take the SDPA path (the flash binding has no window
-//! argument yet). Logit soft-capping and a non-default scale are not
-//! parameters yet; a family that needs them must add them here, not
-//! ignore them.
+//! `p - window < k <= p`, as transformers' sliding-window mask), and how
+//! the attention logits are formed ([`AttnLogits`]: a scale other than
+//! `1/sqrt(head_dim)`, Gemma's `query_pre_attn_scalar`; logit soft-capping
+//! `c * tanh(x / c)`, Gemma 2). Windowed layers and layers with a
+//! non-default scale or a soft cap take the SDPA path on CUDA (the flash
+//! binding has neither argument). The CPU decode kernel implements both;
+//! SDPA takes the scale, and soft-capped prefills run the same arithmetic
+//! as transformers' eager attention (SDPA has no soft cap).
 
 use tch::{Kind, Tensor};
 
@@ -31,6 +34,21 @@ pub(crate) struct AttnParams {
     /// Sliding window in tokens (each query sees at most this many keys,
     /// itself included); None: full causal attention.
     pub window: Option<i64>,
+}
+
+/// How one layer's attention logits are formed from `q . k`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AttnLogits {
+    /// The factor on `q . k`; None: `1 / sqrt(head_dim)`.
+    pub scale: Option<f64>,
+    /// Soft cap c: logits become `c * tanh(x / c)` before the mask.
+    pub softcap: Option<f64>,
+}
+
+impl AttnLogits {
+    fn is_default(&self) -> bool {
+        self.scale.is_none() && self.softcap.is_none()
+    }
 }
 
 /// What one layer's forward needs besides its input: the step, the
@@ -52,11 +70,23 @@ pub(crate) fn paged_attention(
     v: &Tensor,
     p: &AttnParams,
 ) -> Result<Tensor, EngineError> {
+    paged_attention_with(s, q, k, v, p, &AttnLogits::default())
+}
+
+/// [`paged_attention`] with logits formed as `lg` says (scale, soft cap).
+pub(crate) fn paged_attention_with(
+    s: &mut LayerStep<'_>,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttnParams,
+    lg: &AttnLogits,
+) -> Result<Tensor, EngineError> {
     let (b, be, li) = (s.batch, s.be, s.layer);
     let pool = &mut *s.pool;
     let (n, width) = (b.n, p.heads * p.head_dim);
     pool.write(li, &b.new_slots, k, v)?;
-    if let (Some((varlen, gather)), None) = (&b.flash, p.window)
+    if let (Some((varlen, gather)), None, true) = (&b.flash, p.window, lg.is_default())
         && be.flash_attention()
     {
         let (kc, vc) = pool.layer(li);
@@ -95,6 +125,10 @@ pub(crate) fn paged_attention(
             heads: p.heads as usize,
             kv_heads: p.kv_heads as usize,
             head_dim: p.head_dim as usize,
+            scale: lg
+                .scale
+                .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
+            softcap: lg.softcap.map(|c| c as f32),
         };
         let threads = tch::get_num_threads().max(1) as usize;
         let out = attn::decode(
@@ -124,7 +158,16 @@ pub(crate) fn paged_attention(
             _ => {
                 let qs = q.f_narrow(0, s.row as i64, len)?;
                 let lo = first_visible(s.start);
-                outs.push(sdpa(pool, li, &qs, &s.slots[lo..], lo as i64, s.start, p)?);
+                outs.push(sdpa(
+                    pool,
+                    li,
+                    &qs,
+                    &s.slots[lo..],
+                    lo as i64,
+                    s.start,
+                    p,
+                    lg,
+                )?);
             }
         }
     }
@@ -134,6 +177,7 @@ pub(crate) fn paged_attention(
 /// SDPA of one sequence's queries `q` [len, heads, head_dim] (at positions
 /// `start..start + len`) over the keys and values at `slots`, which hold
 /// positions `lo..start + len`. Returns [len, heads, head_dim].
+#[allow(clippy::too_many_arguments)]
 fn sdpa(
     pool: &KvPool,
     li: usize,
@@ -142,6 +186,7 @@ fn sdpa(
     lo: i64,
     start: i64,
     p: &AttnParams,
+    lg: &AttnLogits,
 ) -> Result<Tensor, EngineError> {
     let len = q.size()[0];
     let end = start + len;
@@ -158,7 +203,11 @@ fn sdpa(
         .f_transpose(0, 1)?
         .f_unsqueeze(0)?;
     let within = p.window.is_none_or(|w| len <= w);
-    let out = if len == 1 || (start == 0 && within) {
+    let out = if let Some(cap) = lg.softcap {
+        let mask = visible(start, end, lo, p.window, dev)?;
+        let scale = lg.scale.unwrap_or(1.0 / (p.head_dim as f64).sqrt());
+        eager(&q, &keys, &vals, &mask, scale, cap, p.heads / p.kv_heads)?
+    } else if len == 1 || (start == 0 && within) {
         // One query sees every gathered key; a fresh prompt inside the
         // window is plainly causal.
         Tensor::f_scaled_dot_product_attention::<Tensor>(
@@ -168,17 +217,11 @@ fn sdpa(
             None,
             0.0,
             len > 1,
-            None,
+            lg.scale,
             true,
         )?
     } else {
-        // Query at position i sees keys j with i - window < j <= i.
-        let qi = Tensor::f_arange_start(start, end, (Kind::Int64, dev))?.f_unsqueeze(1)?;
-        let kj = Tensor::f_arange_start(lo, end, (Kind::Int64, dev))?.f_unsqueeze(0)?;
-        let mut mask = kj.f_le_tensor(&qi)?;
-        if let Some(w) = p.window {
-            mask = mask.f_logical_and(&kj.f_gt_tensor(&qi.f_sub_scalar(w)?)?)?;
-        }
+        let mask = visible(start, end, lo, p.window, dev)?;
         Tensor::f_scaled_dot_product_attention(
             &q,
             &keys,
@@ -186,9 +229,54 @@ fn sdpa(
             Some(&mask),
             0.0,
             false,
-            None,
+            lg.scale,
             true,
         )?
     };
     Ok(out.f_squeeze_dim(0)?.f_transpose(0, 1)?)
+}
+
+/// Which keys (positions `lo..end`) each query (positions `start..end`)
+/// sees: [queries, keys] booleans, query i seeing keys j with
+/// `i - window < j <= i`.
+fn visible(
+    start: i64,
+    end: i64,
+    lo: i64,
+    window: Option<i64>,
+    dev: tch::Device,
+) -> Result<Tensor, EngineError> {
+    let qi = Tensor::f_arange_start(start, end, (Kind::Int64, dev))?.f_unsqueeze(1)?;
+    let kj = Tensor::f_arange_start(lo, end, (Kind::Int64, dev))?.f_unsqueeze(0)?;
+    let mut mask = kj.f_le_tensor(&qi)?;
+    if let Some(w) = window {
+        mask = mask.f_logical_and(&kj.f_gt_tensor(&qi.f_sub_scalar(w)?)?)?;
+    }
+    Ok(mask)
+}
+
+/// Attention with soft-capped logits, as transformers' eager attention:
+/// `q k^T * scale`, `cap * tanh(x / cap)`, masked, softmax in float32, times
+/// the values. `q` [1, heads, len, hd]; `keys`, `vals` [1, kv_heads, t, hd]
+/// (each kv head serving `group` query heads); `mask` [len, t].
+fn eager(
+    q: &Tensor,
+    keys: &Tensor,
+    vals: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    cap: f64,
+    group: i64,
+) -> Result<Tensor, EngineError> {
+    let keys = keys.f_repeat_interleave_self_int(group, 1, None)?;
+    let vals = vals.f_repeat_interleave_self_int(group, 1, None)?;
+    let w = q
+        .f_matmul(&keys.f_transpose(2, 3)?)?
+        .f_mul_scalar(scale)?
+        .f_div_scalar(cap)?
+        .f_tanh()?
+        .f_mul_scalar(cap)?;
+    let w = w.f_masked_fill(&mask.f_logical_not()?, f64::NEG_INFINITY)?;
+    let w = w.f_softmax(-1, Kind::Float)?.f_to_kind(q.kind())?;
+    Ok(w.f_matmul(&vals)?)
 }

@@ -1,5 +1,6 @@
 //! The gated MLP of the Llama lineage: `down(act(gate(x)) * up(x))`, with
-//! gate and up stacked into one weight so they run as one wider GEMM.
+//! gate and up stacked into one weight so they run as one wider GEMM. With
+//! SiLU it is SwiGLU; with the tanh-approximated GELU, Gemma's GeGLU.
 
 use tch::Tensor;
 
@@ -12,6 +13,9 @@ use crate::EngineError;
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Act {
     Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`, Gemma's GeGLU).
+    /// Only families that implement it choose it; `parse` does not.
+    GeluTanh,
 }
 
 impl Act {
@@ -28,6 +32,7 @@ impl Act {
     fn forward(self, x: &Tensor) -> Result<Tensor, EngineError> {
         match self {
             Self::Silu => Ok(x.f_silu()?),
+            Self::GeluTanh => Ok(x.f_gelu("tanh")?),
         }
     }
 }

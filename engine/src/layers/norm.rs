@@ -1,7 +1,7 @@
 //! Normalisation layers, computed as transformers computes them.
 //!
-//! RMSNorm (Llama, Mistral, Qwen) is here; Gemma's `1 + w` RMSNorm and
-//! LayerNorm belong here too when a family needs them.
+//! RMSNorm (Llama, Mistral, Qwen) and Gemma's `1 + w` RMSNorm are here;
+//! LayerNorm belongs here too when a family needs it.
 
 use tch::{Kind, Tensor};
 
@@ -27,5 +27,69 @@ impl RmsNorm {
             .f_mean_dim(-1, true, Kind::Float)?;
         let h = h.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(self.w.f_mul(&h.f_to_kind(kind)?)?)
+    }
+}
+
+/// Gemma's RMSNorm: normalised in float32 and multiplied there by `1 + w`
+/// (the checkpoint stores the offset from one), then back to the input
+/// kind, as transformers' `Gemma2RMSNorm` / `Gemma3RMSNorm`.
+pub(crate) struct GemmaRmsNorm {
+    /// `1 + w` in float32, computed once.
+    scale: Tensor,
+    eps: f64,
+}
+
+impl GemmaRmsNorm {
+    pub fn new(w: Tensor, eps: f64) -> Result<Self, EngineError> {
+        Ok(Self {
+            scale: w.f_to_kind(Kind::Float)?.f_add_scalar(1.0)?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor, EngineError> {
+        let kind = x.kind();
+        let h = x.f_to_kind(Kind::Float)?;
+        let var = h
+            .f_pow_tensor_scalar(2)?
+            .f_mean_dim(-1, true, Kind::Float)?;
+        let h = h.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
+        Ok(h.f_mul(&self.scale)?.f_to_kind(kind)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    /// Gemma's norm with weight w is the plain RMSNorm with weight 1 + w
+    /// (in float32), and a zero weight leaves the normalised input as is.
+    #[test]
+    fn gemma_norm_scales_by_one_plus_w() {
+        tch::manual_seed(5);
+        let x = Tensor::randn([3, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::randn([8], (Kind::Float, Device::Cpu));
+        let gemma = GemmaRmsNorm::new(w.shallow_clone(), 1e-6).expect("norm");
+        let plain = RmsNorm::new(&w + 1.0, 1e-6);
+        let diff = (gemma.forward(&x).expect("gemma") - plain.forward(&x).expect("plain"))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < 1e-6, "differs by {diff}");
+        let zero =
+            GemmaRmsNorm::new(Tensor::zeros([8], (Kind::Float, Device::Cpu)), 1e-6).expect("norm");
+        let unit = RmsNorm::new(Tensor::ones([8], (Kind::Float, Device::Cpu)), 1e-6);
+        assert_eq!(
+            zero.forward(&x).expect("zero"),
+            unit.forward(&x).expect("unit")
+        );
+        let rms = zero
+            .forward(&x)
+            .expect("zero")
+            .pow_tensor_scalar(2)
+            .mean_dim(-1, false, Kind::Float);
+        let off = (rms - 1.0).abs().max().double_value(&[]);
+        assert!(off < 1e-4, "not unit RMS: {off}");
     }
 }

@@ -5,6 +5,8 @@
 //! [`Model`], which is all the worker knows of it. Adding a family is a new
 //! file here plus one line in [`FAMILIES`].
 
+mod gemma2;
+mod gemma3;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -31,6 +33,8 @@ const FAMILIES: &[(&str, LoadFn)] = &[
     ("MistralForCausalLM", llama::load),
     ("Qwen2ForCausalLM", qwen2::load),
     ("Qwen3ForCausalLM", qwen3::load),
+    ("Gemma2ForCausalLM", gemma2::load),
+    ("Gemma3ForCausalLM", gemma3::load),
 ];
 
 /// Architectures this engine implements.
