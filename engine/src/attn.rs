@@ -257,6 +257,59 @@ mod tests {
         assert!(worst < 4e-7, "worst relative error {worst}");
     }
 
+    /// With a scale and a logit soft cap, the kernel agrees with the same
+    /// attention written in libtorch ops (transformers' eager order:
+    /// scale, cap, softmax), and the cap changes the result.
+    #[test]
+    fn soft_capped_scores_match_eager_attention() {
+        tch::manual_seed(11);
+        let (nh, nkv, hd, slots) = (4i64, 2i64, 16i64, 40i64);
+        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 3.0;
+        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 3.0;
+        let table: Vec<i64> = (0..slots).rev().collect();
+        let seqs = [DecodeSeq {
+            row: 0,
+            slots: &table,
+        }];
+        let (scale, cap) = (0.125f32, 5.0f32);
+        let heads = |softcap| Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+            scale,
+            softcap,
+        };
+        let (qs, ks, vs) = (
+            f32_view(&q).expect("q"),
+            f32_view(&k).expect("k"),
+            f32_view(&v).expect("v"),
+        );
+        let got = decode(qs, ks, vs, &seqs, heads(Some(cap)), 1);
+        let uncapped = decode(qs, ks, vs, &seqs, heads(None), 1);
+        let idx = Tensor::from_slice(&table);
+        let kk = k
+            .index_select(0, &idx)
+            .transpose(0, 1)
+            .repeat_interleave_self_int(nh / nkv, 0, None);
+        let vv = v
+            .index_select(0, &idx)
+            .transpose(0, 1)
+            .repeat_interleave_self_int(nh / nkv, 0, None);
+        let w = q.transpose(0, 1).matmul(&kk.transpose(1, 2)) * (scale as f64);
+        let w = ((w / (cap as f64)).tanh() * (cap as f64)).softmax(-1, Kind::Float);
+        let want = w.matmul(&vv).transpose(0, 1).contiguous();
+        let want = f32_view(&want).expect("want").to_vec();
+        let diff = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+        };
+        assert!(diff(&got, &want) < 1e-5, "max diff {}", diff(&got, &want));
+        assert!(diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
+    }
+
     /// The kernel agrees with libtorch's SDPA on the gathered keys.
     #[test]
     fn matches_sdpa() {

@@ -105,6 +105,39 @@ fn config_fields_no_family_implements_are_named() {
     }
 }
 
+/// What the Gemma families do not implement is named too: Gemma 3's
+/// `attn_logit_softcapping` (transformers' Gemma 3 never applies it),
+/// bidirectional attention, an activation other than the tanh GELU, a
+/// rope type without an implementation in the per-layer-type
+/// `rope_parameters`, and a `layer_types` entry that is neither kind.
+#[test]
+fn gemma_config_fields_they_do_not_implement_are_named() {
+    let cases: [(&str, &str, Edit); 5] = [
+        ("tiny-gemma3", "attn_logit_softcapping", |c| {
+            c["attn_logit_softcapping"] = 50.0.into();
+        }),
+        ("tiny-gemma2", "use_bidirectional_attention", |c| {
+            c["use_bidirectional_attention"] = true.into();
+        }),
+        ("tiny-gemma2", "silu", |c| {
+            c["hidden_activation"] = "silu".into()
+        }),
+        ("tiny-gemma3", "yarn", |c| {
+            c["rope_parameters"] = serde_json::json!({
+                "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            });
+        }),
+        ("tiny-gemma3", "chunked_attention", |c| {
+            c["layer_types"][1] = "chunked_attention".into();
+        }),
+    ];
+    for (name, field, edit) in cases {
+        let e = load_error(&variant(name, field, edit));
+        assert!(e.contains(field), "{name} with {field}: {e}");
+    }
+}
+
 /// A Qwen3 checkpoint labelled Llama would run without its q/k norms; the
 /// weights it leaves over fail the load instead.
 #[test]
