@@ -16,9 +16,12 @@ import harness
 from conftest import MODELS
 
 GREEDY_TOKENS = 32
+# Every family the fixtures have: the shared models plus Qwen3 and a Mistral
+# whose sliding window (24) is shorter than its prompt.
+FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw")
 
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="module", params=FAMILIES)
 def case(request, model_server):
     name = request.param
     return name, model_server(name), harness.golden(name)

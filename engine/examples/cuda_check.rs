@@ -10,10 +10,10 @@
 //! back or a difference is over its tolerance.
 use std::process::ExitCode;
 
-use gyre_engine::{Llama, SeqInput};
+use gyre_engine::internals::{Model, SeqInput, load};
 use tch::{Device, Kind, Tensor};
 
-fn steps(model: &Llama) -> Vec<Tensor> {
+fn steps(model: &dyn Model) -> Vec<Tensor> {
     let a: Vec<u32> = (0..40).map(|i| 100 + (i * 37) % 900).collect();
     let b: Vec<u32> = (0..23).map(|i| 200 + (i * 53) % 900).collect();
     let mut pool = model.new_pool(16, 16).expect("pool");
@@ -66,12 +66,12 @@ fn main() -> ExitCode {
         eprintln!("cuda_check: no CUDA device");
         return ExitCode::FAILURE;
     }
-    let gpu = Llama::load(dir.as_ref(), Device::Cuda(0), Kind::BFloat16).expect("load on CUDA");
+    let gpu = load(dir.as_ref(), Device::Cuda(0), Kind::BFloat16).expect("load on CUDA");
     let _guard = tch::no_grad_guard();
-    let flash = steps(&gpu);
+    let flash = steps(gpu.as_ref());
     let flash_on = gpu.flash_attention();
     gpu.set_flash_attention(false);
-    let sdpa = steps(&gpu);
+    let sdpa = steps(gpu.as_ref());
     let mut ok = flash_on;
     println!("flash attention over packed sequences active: {flash_on}");
     for (i, (f, s)) in flash.iter().zip(&sdpa).enumerate() {
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         ok &= d < 3e-2;
     }
     gpu.set_flash_attention(true);
-    let cpu = Llama::load(dir.as_ref(), Device::Cpu, Kind::Float).expect("load on CPU");
+    let cpu = load(dir.as_ref(), Device::Cpu, Kind::Float).expect("load on CPU");
     let prompt: Vec<u32> = (0..48).map(|i| 300 + (i * 71) % 900).collect();
     let lg = gpu
         .score(&prompt)

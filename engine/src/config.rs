@@ -1,5 +1,7 @@
-//! The model's `config.json` and `generation_config.json`, read into the few
-//! numbers the Llama family needs.
+//! The model's `config.json` and `generation_config.json`, read into the
+//! numbers every decoder family shares (sizes, rope, ids, sampling
+//! defaults). A family reads its own extra fields from [`ModelConfig::raw`]
+//! and refuses the ones it does not implement.
 //!
 //! Both the transformers 4.x layout (`rope_theta`, `rope_scaling`) and the 5.x
 //! layout (`rope_parameters`) are accepted.
@@ -20,7 +22,19 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: f64,
 }
 
-/// Which weights a decoder-only model of the Llama family has.
+/// How rotary frequencies are scaled (`rope_scaling.rope_type`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// `default` (or no `rope_scaling`).
+    None,
+    /// `linear`: positions divided by `factor`.
+    Linear { factor: f64 },
+    /// `llama3`: Llama 3.1's frequency-dependent scaling.
+    Llama3(Llama3Scaling),
+}
+
+/// The hyperparameters of a decoder-only model, as far as they are common
+/// to the families.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     /// e.g. "LlamaForCausalLM".
@@ -33,14 +47,18 @@ pub struct ModelConfig {
     pub head_dim: i64,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    pub rope_scaling: Option<Llama3Scaling>,
+    pub rope_scaling: RopeScaling,
+    /// Fraction of each head's dimensions that rotary embeddings rotate
+    /// (`partial_rotary_factor`; 1.0 when absent).
+    pub partial_rotary_factor: f64,
     pub max_position_embeddings: i64,
     pub vocab_size: i64,
     pub tie_word_embeddings: bool,
-    /// Bias on the q, k and v projections (Qwen2, or Llama's `attention_bias`).
-    pub qkv_bias: bool,
-    /// Bias on the output projection (Llama's `attention_bias`).
-    pub o_bias: bool,
+    /// `hidden_act` (e.g. "silu").
+    pub hidden_act: String,
+    /// The whole `config.json`, for the fields only one family reads
+    /// (empty for a GGUF checkpoint).
+    pub raw: Value,
     /// EOS ids from generation_config.json (or config.json as a fallback).
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
@@ -54,10 +72,6 @@ pub struct ModelConfig {
 
 #[derive(Deserialize)]
 struct RawConfig {
-    #[serde(default)]
-    architectures: Vec<String>,
-    #[serde(default)]
-    model_type: String,
     hidden_size: i64,
     intermediate_size: i64,
     num_hidden_layers: i64,
@@ -74,8 +88,9 @@ struct RawConfig {
     vocab_size: i64,
     #[serde(default)]
     tie_word_embeddings: bool,
-    #[serde(default)]
-    attention_bias: bool,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    partial_rotary_factor: Option<f64>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
 }
@@ -85,6 +100,9 @@ fn default_eps() -> f64 {
 }
 fn default_max_pos() -> i64 {
     2048
+}
+fn default_act() -> String {
+    "silu".into()
 }
 
 #[derive(Deserialize, Default)]
@@ -98,9 +116,6 @@ struct RawGenerationConfig {
     repetition_penalty: Option<f32>,
     do_sample: Option<bool>,
 }
-
-/// Architectures this engine implements (all share the Llama decoder).
-pub const SUPPORTED: &[&str] = &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
 
 fn ids(v: &Option<Value>) -> Vec<u32> {
     match v {
@@ -126,22 +141,25 @@ impl ModelConfig {
     pub fn from_dir(dir: &Path) -> Result<Self, EngineError> {
         let text = std::fs::read_to_string(dir.join("config.json"))
             .map_err(|e| load_err(dir, format!("config.json: {e}")))?;
-        let raw: RawConfig =
+        let value: Value =
             serde_json::from_str(&text).map_err(|e| load_err(dir, format!("config.json: {e}")))?;
+        // The architecture first: a family the engine lacks is named as
+        // such, not as a missing field of its config.
+        let architecture = value
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        crate::models::check_supported(&architecture, value.get("model_type"))?;
+        let raw: RawConfig = serde_json::from_value(value.clone())
+            .map_err(|e| load_err(dir, format!("config.json: {e}")))?;
         let gen_cfg: RawGenerationConfig =
             match std::fs::read_to_string(dir.join("generation_config.json")) {
                 Ok(t) => serde_json::from_str(&t)
                     .map_err(|e| load_err(dir, format!("generation_config.json: {e}")))?,
                 Err(_) => RawGenerationConfig::default(),
             };
-        let architecture = raw.architectures.first().cloned().unwrap_or_default();
-        if !SUPPORTED.contains(&architecture.as_str()) {
-            return Err(EngineError::Unsupported(format!(
-                "architecture {architecture:?} (model_type {:?}); supported: {}",
-                raw.model_type,
-                SUPPORTED.join(", ")
-            )));
-        }
         if raw.num_attention_heads <= 0 || raw.hidden_size % raw.num_attention_heads != 0 {
             return Err(load_err(
                 dir,
@@ -162,7 +180,6 @@ impl ModelConfig {
             .or_else(|| raw.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
             .unwrap_or(10_000.0);
         let rope_scaling = parse_scaling(dir, rope)?;
-        let is_qwen2 = architecture == "Qwen2ForCausalLM";
         let mut eos = ids(&gen_cfg.eos_token_id);
         if eos.is_empty() {
             eos = ids(&raw.eos_token_id);
@@ -185,11 +202,12 @@ impl ModelConfig {
             rms_norm_eps: raw.rms_norm_eps,
             rope_theta,
             rope_scaling,
+            partial_rotary_factor: raw.partial_rotary_factor.unwrap_or(1.0),
             max_position_embeddings: raw.max_position_embeddings,
             vocab_size: raw.vocab_size,
             tie_word_embeddings: raw.tie_word_embeddings,
-            qkv_bias: is_qwen2 || raw.attention_bias,
-            o_bias: !is_qwen2 && raw.attention_bias,
+            hidden_act: raw.hidden_act,
+            raw: value,
             eos_token_ids: eos,
             bos_token_id: bos,
             // A generation config that says do_sample=false means greedy.
@@ -206,22 +224,30 @@ impl ModelConfig {
     }
 }
 
-fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<Option<Llama3Scaling>, EngineError> {
-    let Some(v) = v else { return Ok(None) };
+fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<RopeScaling, EngineError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
     let kind = v
         .get("rope_type")
         .or_else(|| v.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
     match kind {
-        "default" => Ok(None),
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: v
+                .get("factor")
+                .and_then(Value::as_f64)
+                .ok_or_else(|| load_err(dir, "rope scaling linear needs factor"))?,
+        }),
         "llama3" => {
             let f = |k: &str| {
                 v.get(k)
                     .and_then(Value::as_f64)
                     .ok_or_else(|| load_err(dir, format!("rope scaling llama3 needs {k}")))
             };
-            Ok(Some(Llama3Scaling {
+            Ok(RopeScaling::Llama3(Llama3Scaling {
                 factor: f("factor")?,
                 low_freq_factor: f("low_freq_factor")?,
                 high_freq_factor: f("high_freq_factor")?,
@@ -229,7 +255,7 @@ fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<Option<Llama3Scaling>,
             }))
         }
         other => Err(EngineError::Unsupported(format!(
-            "rope scaling type {other:?}"
+            "rope scaling type {other:?} (supported: default, linear, llama3)"
         ))),
     }
 }

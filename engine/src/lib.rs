@@ -6,6 +6,12 @@
 //! its own channel of token events back; only plain data (token ids, counts)
 //! crosses into async code. Dropping a request's event receiver cancels it
 //! at the next step.
+//!
+//! The public API is the handle ([`Engine`]), its options, requests,
+//! events, errors and stats. Model families live in `models` (one file
+//! each) on the shared `layers`; tests, examples and tools that drive a
+//! model directly reach it through [`internals`], which is not part of the
+//! stable API.
 
 mod admission;
 mod attn;
@@ -16,20 +22,18 @@ mod flash;
 mod gemm;
 pub mod gguf;
 mod kv;
-mod llama;
+mod layers;
+mod models;
 mod sampler;
 mod scheduler;
 mod worker;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
-pub use config::{ModelConfig, SUPPORTED};
 pub use constraint::Constraint;
-pub use kv::KvPool;
-pub use llama::{Llama, SeqInput};
 pub use llguidance;
 pub use sampler::{Sampler, Sampling, argmax};
 
@@ -409,9 +413,23 @@ impl Engine {
     }
 }
 
-/// Loads a model on the calling thread (for tests and tools that want the
-/// model itself rather than the serving engine).
-pub fn load_model(dir: &Path, device: DeviceChoice) -> Result<Llama, EngineError> {
-    let (device, kind) = worker::pick_device(device)?;
-    Llama::load(dir, device, kind)
+/// The engine's internals, for tests, examples and tools that drive a model
+/// directly (scoring a prompt, stepping packed batches against a KV pool).
+/// Not part of the stable API: it changes with the engine.
+pub mod internals {
+    use std::path::Path;
+
+    pub use crate::config::{Llama3Scaling, ModelConfig, RopeScaling};
+    pub use crate::kv::KvPool;
+    pub use crate::layers::Backend;
+    pub use crate::layers::batch::{SeqInput, StepBatch};
+    pub use crate::models::{KvShape, Model, load, supported};
+    use crate::{DeviceChoice, EngineError, worker};
+
+    /// Loads a model on the calling thread with the device (and dtype) the
+    /// engine would pick.
+    pub fn load_model(path: &Path, device: DeviceChoice) -> Result<Box<dyn Model>, EngineError> {
+        let (device, kind) = worker::pick_device(device)?;
+        load(path, device, kind)
+    }
 }

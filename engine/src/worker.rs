@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission::Admission;
 use crate::kv::KvPool;
-use crate::llama::{Llama, SeqInput};
+use crate::layers::batch::SeqInput;
+use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
 use crate::{
@@ -158,8 +159,8 @@ pub(crate) fn spawn(
     ready_rx.recv().map_err(|_| EngineError::Stopped)?
 }
 
-fn info(model: &Llama, kv_tokens: u32) -> ModelInfo {
-    let c = &model.cfg;
+fn info(model: &dyn Model, kv_tokens: u32) -> ModelInfo {
+    let c = model.config();
     let d = Sampling::default();
     ModelInfo {
         architecture: c.architecture.clone(),
@@ -176,16 +177,16 @@ fn info(model: &Llama, kv_tokens: u32) -> ModelInfo {
             repetition_penalty: c.default_repetition_penalty.unwrap_or(d.repetition_penalty),
             ..d
         },
-        device: match model.device {
+        device: match model.device() {
             Device::Cuda(i) => format!("cuda:{i}"),
             _ => "cpu".into(),
         },
-        dtype: format!("{:?}", model.kind),
+        dtype: format!("{:?}", model.kind()),
     }
 }
 
 struct Worker {
-    model: Llama,
+    model: Box<dyn Model>,
     pool: KvPool,
     sched: Scheduler,
     rx: mpsc::Receiver<Command>,
@@ -205,12 +206,12 @@ impl Worker {
         admission: Arc<Admission>,
     ) -> Result<(Self, Spawned), EngineError> {
         let (dev, kind) = pick_device(opts.device)?;
-        let model = Llama::load(&opts.model_dir, dev, kind)?;
+        let model = crate::models::load(&opts.model_dir, dev, kind)?;
         let bs = opts.block_size as i64;
         let per_block = model.kv_bytes_per_block(bs).max(1);
         // Enough for every running sequence at full context, within the memory budget.
         let wanted =
-            (opts.max_running as i64 * model.cfg.max_position_embeddings + bs - 1) / bs + 1;
+            (opts.max_running as i64 * model.config().max_position_embeddings + bs - 1) / bs + 1;
         let num_blocks = match opts.num_blocks {
             Some(n) => n as i64,
             None => wanted.min(opts.kv_cache_bytes as i64 / per_block).max(1),
@@ -222,7 +223,7 @@ impl Worker {
             mib = num_blocks * per_block / (1 << 20),
             "KV cache allocated"
         );
-        let info = info(&model, (num_blocks * bs) as u32);
+        let info = info(model.as_ref(), (num_blocks * bs) as u32);
         let stats = EngineStats {
             block_size: bs as u32,
             kv_blocks_total: num_blocks as u32,
@@ -323,7 +324,7 @@ impl Worker {
                     id,
                     Gen {
                         sampler: sampler_for(0),
-                        eos: self.model.cfg.eos_token_ids.clone(),
+                        eos: self.model.config().eos_token_ids.clone(),
                         req,
                         events: first,
                         generated: 0,
@@ -424,7 +425,7 @@ impl Worker {
             return Ok(());
         }
         let (flat, vocab) = self.logits_rows(&hidden, &rows)?;
-        let max_len = self.model.cfg.max_position_embeddings as usize;
+        let max_len = self.model.config().max_position_embeddings as usize;
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut children = Vec::new();
@@ -529,7 +530,7 @@ impl Worker {
     /// Float32 logits of the given rows of `hidden`, on the host, row after
     /// row; and the vocabulary size (the row length).
     fn logits_rows(&self, hidden: &Tensor, rows: &[i64]) -> Result<(Vec<f32>, usize), EngineError> {
-        let idx = Tensor::from_slice(rows).f_to_device(self.model.device)?;
+        let idx = Tensor::from_slice(rows).f_to_device(self.model.device())?;
         let logits = self
             .model
             .logits(&hidden.f_index_select(0, &idx)?)?

@@ -281,7 +281,7 @@ fn parallel_choices_share_the_prompt_without_corrupting_each_other() {
         choices.iter().any(|c| c != &choices[0]),
         "seeded choices should differ"
     );
-    let model = gyre_engine::load_model(&model_dir(), DeviceChoice::Cpu).expect("model");
+    let model = gyre_engine::internals::load_model(&model_dir(), DeviceChoice::Cpu).expect("model");
     let _guard = tch::no_grad_guard();
     for (i, c) in choices.iter().enumerate() {
         assert_eq!(c.len(), 12);

@@ -1,19 +1,26 @@
 //! Numerical fidelity against HuggingFace transformers on the same weights.
 //!
-//! `tests/fixtures/make_models.py` builds tiny random-weight Llama, Mistral
-//! and Qwen2 models and records transformers' float32 logits for a prompt and
-//! its greedy 32-token continuation (`golden.json`). Here gyre must match:
-//! every logit within 1e-4, and the greedy continuation token for token,
-//! both run directly and through the batching engine thread.
+//! `tests/fixtures/make_models.py` builds tiny random-weight Llama, Mistral,
+//! Qwen2, Qwen3 and sliding-window Mistral models and records transformers'
+//! float32 logits for a prompt and its greedy 32-token continuation
+//! (`golden.json`). Here gyre must match: every logit within 1e-4, and the
+//! greedy continuation token for token, run directly, through the batching
+//! engine thread, and with the prompt prefilled in small chunks and then
+//! again from the prefix cache.
 
 use std::path::PathBuf;
 
-use gyre_engine::{
-    DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling, load_model,
-};
+use gyre_engine::internals::load_model;
+use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use serde_json::Value;
 
-const MODELS: [&str; 3] = ["tiny-llama", "tiny-mistral", "tiny-qwen2"];
+const MODELS: [&str; 5] = [
+    "tiny-llama",
+    "tiny-mistral",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-mistral-sw",
+];
 const TOLERANCE: f64 = 1e-4;
 
 fn models_dir() -> PathBuf {
@@ -156,5 +163,69 @@ fn greedy_continuations_match_transformers_under_batching() {
         println!(
             "{name}: greedy 32-token continuation identical to transformers (5 concurrent requests)"
         );
+    }
+}
+
+/// Collects a request's tokens and how many prompt tokens came from the
+/// prefix cache.
+async fn tokens_of(
+    name: &str,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> (Vec<u32>, u32) {
+    let mut toks = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token(t) => toks.push(t),
+            Event::Finished { usage, .. } => return (toks, usage.cached_tokens),
+            Event::Failed(e) => panic!("{name}: {e}"),
+            _ => {}
+        }
+    }
+    panic!("{name}: the stream ended without Finished")
+}
+
+/// The paths around the KV cache keep every family exact: prompts prefilled
+/// in chunks of at most 10 tokens (so sliding-window layers see chunks
+/// after cached tokens, with the window's start inside the cache), a pool
+/// too small for three requests at once (so one is preempted and resumes),
+/// and the same prompt again afterwards from the prefix cache.
+#[test]
+fn chunked_preempted_and_prefix_cached_runs_match_transformers() {
+    for name in MODELS {
+        let (dir, g) = golden(name);
+        let want = ids(&g["greedy_ids"]);
+        let prompt = ids(&g["prompt_ids"]);
+        let per_request = (prompt.len() + want.len()).div_ceil(16);
+        let mut opts = EngineOptions::new(&dir);
+        opts.device = DeviceChoice::Cpu;
+        opts.token_budget = 10;
+        opts.num_blocks = Some(per_request + per_request / 2 + 1);
+        let engine = Engine::start(opts).expect("engine starts");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let req = GenerateRequest {
+            sampling: Sampling {
+                temperature: 0.0,
+                ..Sampling::default()
+            },
+            ignore_eos: true,
+            ..GenerateRequest::new(prompt.clone(), want.len() as u32)
+        };
+        let rxs: Vec<_> = (0..3)
+            .map(|_| engine.submit(req.clone()).expect("submit"))
+            .collect();
+        rt.block_on(async {
+            for rx in rxs {
+                assert_eq!(tokens_of(name, rx).await.0, want, "{name}: under pressure");
+            }
+            let stats = engine.wait_stats(|s| s.running == 0).await;
+            assert!(stats.preemptions_total > 0, "{name}: nothing was preempted");
+            let (again, cached) = tokens_of(name, engine.submit(req).expect("submit")).await;
+            assert!(cached > 0, "{name}: the prompt did not come from the cache");
+            assert_eq!(again, want, "{name}: from the prefix cache");
+        });
+        println!("{name}: chunked, preempted and prefix-cached runs identical to transformers");
     }
 }

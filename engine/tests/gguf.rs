@@ -105,8 +105,9 @@ fn smollm2_gguf_runs_like_transformers() {
     let m = manifest();
     let reference = &m["transformers"];
     let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
-    let model = gyre_engine::load_model(&path, gyre_engine::DeviceChoice::Cpu).expect("loads");
-    assert_eq!(model.cfg.num_layers, 30);
+    let model =
+        gyre_engine::internals::load_model(&path, gyre_engine::DeviceChoice::Cpu).expect("loads");
+    assert_eq!(model.config().num_layers, 30);
     let vocab = reference["vocab"].as_u64().expect("vocab") as usize;
     let cases = reference["cases"].as_array().expect("cases");
     let ids = |v: &Value| -> Vec<u32> {

@@ -1,0 +1,69 @@
+//! The gated MLP of the Llama lineage: `down(act(gate(x)) * up(x))`, with
+//! gate and up stacked into one weight so they run as one wider GEMM.
+
+use tch::Tensor;
+
+use super::Backend;
+use super::linear::Linear;
+use super::weights::Weights;
+use crate::EngineError;
+
+/// Activations a gated MLP may use (`hidden_act`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Act {
+    Silu,
+}
+
+impl Act {
+    /// The activation named by a config's `hidden_act`; others fail at load.
+    pub fn parse(name: &str) -> Result<Self, EngineError> {
+        match name {
+            "silu" | "swish" => Ok(Self::Silu),
+            other => Err(EngineError::Unsupported(format!(
+                "hidden_act {other:?} (supported: silu)"
+            ))),
+        }
+    }
+
+    fn forward(self, x: &Tensor) -> Result<Tensor, EngineError> {
+        match self {
+            Self::Silu => Ok(x.f_silu()?),
+        }
+    }
+}
+
+pub(crate) struct GatedMlp {
+    gate_up: Linear,
+    down: Linear,
+    inter: i64,
+    act: Act,
+}
+
+impl GatedMlp {
+    /// Loads `{prefix}gate_proj`, `up_proj` and `down_proj` (no biases).
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        inter: i64,
+        act: Act,
+        be: &Backend,
+    ) -> Result<Self, EngineError> {
+        let gate_up = w.take_cat(&[
+            &format!("{prefix}gate_proj.weight"),
+            &format!("{prefix}up_proj.weight"),
+        ])?;
+        Ok(Self {
+            gate_up: Linear::new(gate_up, None, be)?,
+            down: Linear::new(w.take(&format!("{prefix}down_proj.weight"))?, None, be)?,
+            inter,
+            act,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
+        let gu = self.gate_up.forward(x, be)?;
+        let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;
+        let u = gu.f_narrow(1, self.inter, self.inter)?;
+        self.down.forward(&g.f_mul(&u)?, be)
+    }
+}

@@ -1,0 +1,62 @@
+//! Building blocks every model family shares: the compute backend, linear
+//! layers (with the packed CPU GEMM), norms, rotary embeddings, the gated
+//! MLP, weight loading, and the step batch with its one paged-attention
+//! entry point. A family file composes these; it never reaches the KV pool,
+//! flash attention or the GEMM kernel directly.
+
+pub(crate) mod attention;
+pub(crate) mod batch;
+pub(crate) mod linear;
+pub(crate) mod mlp;
+pub(crate) mod norm;
+pub(crate) mod rope;
+pub(crate) mod weights;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tch::{Device, Kind};
+
+use crate::EngineError;
+use crate::gemm;
+
+/// Where and how a model computes: device, dtype, whether linear layers use
+/// the packed GEMM, its thread pool, and whether flash attention (CUDA) is
+/// still in use.
+pub struct Backend {
+    pub(crate) device: Device,
+    pub(crate) kind: Kind,
+    /// Linear layers run on `gemm`'s packed kernel (float32 CPU with AVX-512).
+    pub(crate) packed: bool,
+    /// Threads for the packed linear layers (as many as libtorch's).
+    pub(crate) pool: rayon::ThreadPool,
+    /// On CUDA: flash attention over packed sequences works (cleared, with
+    /// a warning, the first time it fails).
+    flash: AtomicBool,
+}
+
+impl Backend {
+    pub(crate) fn new(device: Device, kind: Kind) -> Result<Self, EngineError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(tch::get_num_threads().max(1) as usize)
+            .thread_name(|i| format!("gyre-gemm-{i}"))
+            .build()
+            .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?;
+        Ok(Self {
+            device,
+            kind,
+            packed: device == Device::Cpu && kind == Kind::Float && gemm::available(),
+            pool,
+            flash: AtomicBool::new(true),
+        })
+    }
+
+    /// Whether CUDA attention goes through flash attention over packed
+    /// sequences (else SDPA per sequence). Always false on the CPU.
+    pub fn flash_attention(&self) -> bool {
+        self.device.is_cuda() && self.flash.load(Ordering::Relaxed)
+    }
+
+    pub fn set_flash_attention(&self, on: bool) {
+        self.flash.store(on, Ordering::Relaxed);
+    }
+}

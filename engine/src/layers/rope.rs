@@ -1,0 +1,157 @@
+//! Rotary position embeddings: the tables of one rope configuration
+//! (default, `linear`, `llama3`; partial rotary as the rotated width), and
+//! their application to query and key heads, as transformers computes them.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::EngineError;
+use crate::config::RopeScaling;
+
+/// cos/sin tables [max_positions, rot_dim] (float32) of one rope setting.
+pub(crate) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    rot_dim: i64,
+}
+
+/// The tables at one step's positions, [N, 1, rot_dim].
+pub(crate) struct RopeAt {
+    cos: Tensor,
+    sin: Tensor,
+    rot_dim: i64,
+}
+
+impl Rope {
+    /// Tables for `rot_dim` rotated dimensions of each head (the head
+    /// dimension, or less for partial rotary) with base `theta`.
+    pub fn new(
+        theta: f64,
+        scaling: &RopeScaling,
+        rot_dim: i64,
+        max_positions: i64,
+        device: Device,
+    ) -> Result<Self, EngineError> {
+        if rot_dim <= 0 || rot_dim % 2 != 0 {
+            return Err(EngineError::Unsupported(format!(
+                "rotary dimension {rot_dim} (must be even and positive)"
+            )));
+        }
+        let inv = inv_freq(theta, scaling, rot_dim)?;
+        let t = Tensor::f_arange(max_positions, (Kind::Float, Device::Cpu))?;
+        let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
+        let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+        Ok(Self {
+            cos: emb.f_cos()?.f_to_device(device)?,
+            sin: emb.f_sin()?.f_to_device(device)?,
+            rot_dim,
+        })
+    }
+
+    /// The tables at positions `pos` ([N], int64 on the model's device).
+    pub fn at(&self, pos: &Tensor) -> Result<RopeAt, EngineError> {
+        Ok(RopeAt {
+            cos: self.cos.f_index_select(0, pos)?.f_unsqueeze(1)?,
+            sin: self.sin.f_index_select(0, pos)?.f_unsqueeze(1)?,
+            rot_dim: self.rot_dim,
+        })
+    }
+}
+
+impl RopeAt {
+    /// `x * cos + rotate_half(x) * sin` on the first `rot_dim` dimensions
+    /// of each head of `x` [N, heads, head_dim]; the rest pass unchanged.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor, EngineError> {
+        let hd = x.size()[2];
+        if self.rot_dim == hd {
+            return rotate(x, &self.cos, &self.sin);
+        }
+        let rot = rotate(&x.f_narrow(2, 0, self.rot_dim)?, &self.cos, &self.sin)?;
+        let pass = x.f_narrow(2, self.rot_dim, hd - self.rot_dim)?;
+        Ok(Tensor::f_cat(&[rot, pass], 2)?)
+    }
+}
+
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineError> {
+    let half = x.size()[2] / 2;
+    let x1 = x.f_narrow(2, 0, half)?;
+    let x2 = x.f_narrow(2, half, half)?;
+    let rot = Tensor::f_cat(&[x2.f_neg()?, x1], 2)?;
+    let kind = x.kind();
+    Ok(x.f_mul(&cos.f_to_kind(kind)?)?
+        .f_add(&rot.f_mul(&sin.f_to_kind(kind)?)?)?)
+}
+
+/// Inverse frequencies exactly as transformers computes them (float32 tensor
+/// ops), with the configured scaling.
+fn inv_freq(theta: f64, scaling: &RopeScaling, dim: i64) -> Result<Tensor, EngineError> {
+    let exponent = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(dim as f64)?;
+    let base = Tensor::from(theta as f32);
+    let inv = base.f_pow(&exponent)?.f_reciprocal()?;
+    let s = match scaling {
+        RopeScaling::None => return Ok(inv),
+        RopeScaling::Linear { factor } => return Ok(inv.f_div_scalar(*factor)?),
+        RopeScaling::Llama3(s) => s,
+    };
+    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    let wavelen = inv
+        .f_reciprocal()?
+        .f_mul_scalar(2.0 * std::f64::consts::PI)?;
+    let scaled = inv
+        .f_div_scalar(s.factor)?
+        .f_where_self(&wavelen.f_gt(low_wavelen)?, &inv)?;
+    let smooth = wavelen
+        .f_reciprocal()?
+        .f_mul_scalar(s.original_max_position_embeddings)?
+        .f_sub_scalar(s.low_freq_factor)?
+        .f_div_scalar(s.high_freq_factor - s.low_freq_factor)?;
+    let one_minus = smooth.f_neg()?.f_add_scalar(1.0)?;
+    let smoothed = one_minus
+        .f_mul(&scaled.f_div_scalar(s.factor)?)?
+        .f_add(&smooth.f_mul(&scaled)?)?;
+    let medium = wavelen
+        .f_lt(high_wavelen)?
+        .f_logical_not()?
+        .f_logical_and(&wavelen.f_gt(low_wavelen)?.f_logical_not()?)?;
+    Ok(smoothed.f_where_self(&medium, &scaled)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(scaling: &RopeScaling, rot: i64) -> Rope {
+        Rope::new(10_000.0, scaling, rot, 64, Device::Cpu).expect("rope")
+    }
+
+    /// Linear scaling by f at position p is the default rope at p / f.
+    #[test]
+    fn linear_scaling_divides_positions() {
+        let (plain, lin) = (
+            table(&RopeScaling::None, 16),
+            table(&RopeScaling::Linear { factor: 4.0 }, 16),
+        );
+        let diff = (lin.cos.get(32) - plain.cos.get(8)).abs().max();
+        assert!(diff.double_value(&[]) < 1e-5, "cos differs by {diff}");
+        let diff = (lin.cos.get(5) - plain.cos.get(5)).abs().max();
+        assert!(diff.double_value(&[]) > 1e-3, "scaling changed nothing");
+    }
+
+    /// Partial rotary rotates the first dimensions like a full rope of that
+    /// width and leaves the others as they were.
+    #[test]
+    fn partial_rotary_passes_the_tail() {
+        tch::manual_seed(3);
+        let x = Tensor::randn([5, 2, 16], (Kind::Float, Device::Cpu));
+        let pos = Tensor::from_slice(&[0i64, 3, 7, 20, 63]);
+        let partial = table(&RopeScaling::None, 8).at(&pos).expect("at");
+        let full8 = table(&RopeScaling::None, 8).at(&pos).expect("at");
+        let got = partial.apply(&x).expect("apply");
+        let head = full8.apply(&x.narrow(2, 0, 8).contiguous()).expect("apply");
+        assert_eq!(got.narrow(2, 0, 8), head);
+        assert_eq!(got.narrow(2, 8, 8), x.narrow(2, 8, 8));
+        assert_ne!(got.narrow(2, 0, 8), x.narrow(2, 0, 8));
+    }
+}

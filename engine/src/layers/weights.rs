@@ -1,0 +1,106 @@
+//! Reading a checkpoint's tensors and handing them to the model code by
+//! name, on the model's device and dtype.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::EngineError;
+
+/// A checkpoint's tensors by HuggingFace name; each is taken once.
+pub(crate) struct Weights {
+    map: HashMap<String, Tensor>,
+    device: Device,
+    kind: Kind,
+}
+
+impl Weights {
+    pub fn new(map: HashMap<String, Tensor>, device: Device, kind: Kind) -> Self {
+        Self { map, device, kind }
+    }
+
+    /// The tensor `name`, moved to the model's device and dtype.
+    pub fn take(&mut self, name: &str) -> Result<Tensor, EngineError> {
+        let t = self
+            .map
+            .remove(name)
+            .ok_or_else(|| EngineError::MissingWeight(name.to_string()))?;
+        Ok(t.f_to_device(self.device)?.f_to_kind(self.kind)?)
+    }
+
+    /// `take(name)` when `want`, else nothing.
+    pub fn maybe(&mut self, name: &str, want: bool) -> Result<Option<Tensor>, EngineError> {
+        if want {
+            self.take(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The named tensors stacked along their first dimension (e.g. q, k and
+    /// v projections as one weight).
+    pub fn take_cat(&mut self, names: &[&str]) -> Result<Tensor, EngineError> {
+        let parts = names
+            .iter()
+            .map(|n| self.take(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Tensor::f_cat(&parts, 0)?)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// Fails if the checkpoint holds weights the model did not use: a
+    /// weight left over means the family would compute something else
+    /// than the checkpoint's architecture (rotary `inv_freq` buffers that
+    /// old checkpoints carry are recomputed, so they are allowed).
+    pub fn finish(self, architecture: &str) -> Result<(), EngineError> {
+        let mut left: Vec<&String> = self
+            .map
+            .keys()
+            .filter(|k| !k.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        left.sort();
+        Err(EngineError::Unsupported(format!(
+            "{architecture} checkpoint has {} weights the model does not use, e.g. {}",
+            left.len(),
+            left.iter()
+                .take(3)
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+}
+
+/// Reads every `*.safetensors` file of the model directory.
+pub fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::Load {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(EngineError::Load {
+            path: dir.display().to_string(),
+            reason: "no *.safetensors files".into(),
+        });
+    }
+    let mut map = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        tracing::info!(shard = i + 1, of = files.len(), file = %f.display(), "loading weights");
+        for (name, t) in Tensor::read_safetensors(f)? {
+            map.insert(name, t);
+        }
+    }
+    Ok(map)
+}
