@@ -24,6 +24,7 @@ use crate::config::ModelConfig;
 use crate::flash;
 use crate::gemm;
 use crate::kv::KvPool;
+use crate::progress::Load;
 
 /// One decoder layer. The q, k and v projections are stacked into one
 /// weight (and gate with up), so each runs as one wider GEMM.
@@ -121,7 +122,7 @@ impl Weights {
 }
 
 /// Reads every `*.safetensors` file of the model directory.
-fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
+fn read_weights(dir: &Path, load: &mut Load) -> Result<HashMap<String, Tensor>, EngineError> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| EngineError::Load {
             path: dir.display().to_string(),
@@ -138,11 +139,17 @@ fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
         });
     }
     let mut map = HashMap::new();
-    for (i, f) in files.iter().enumerate() {
-        tracing::info!(shard = i + 1, of = files.len(), file = %f.display(), "loading weights");
-        for (name, t) in Tensor::read_safetensors(f)? {
-            map.insert(name, t);
-        }
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| f.metadata().map_or(0, |m| m.len()))
+        .collect();
+    load.plan(files.len(), sizes.iter().sum());
+    for (i, (f, &size)) in files.iter().zip(&sizes).enumerate() {
+        load.start_file(f, i + 1, size);
+        let tensors = Tensor::read_safetensors(f)?;
+        load.advance(size, tensors.len());
+        map.extend(tensors);
+        load.finish_file();
     }
     Ok(map)
 }
@@ -151,13 +158,14 @@ impl Llama {
     /// Loads config and weights from a HuggingFace model directory or a
     /// GGUF file (dequantized to `kind` on load).
     pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Self, EngineError> {
+        let mut load = Load::begin();
         let (cfg, map) = if crate::gguf::is_gguf(path) {
             let file = crate::gguf::GgufFile::open(path)?;
             let cfg = crate::gguf::model::config(&file)?;
-            let map = crate::gguf::model::weights(&file, &cfg)?;
+            let map = crate::gguf::model::weights(&file, &cfg, &mut load)?;
             (cfg, map)
         } else {
-            (ModelConfig::from_dir(path)?, read_weights(path)?)
+            (ModelConfig::from_dir(path)?, read_weights(path, &mut load)?)
         };
         let mut w = Weights { map, device, kind };
         let packed = device == Device::Cpu && kind == Kind::Float && gemm::available();
@@ -221,6 +229,7 @@ impl Llama {
             .build()
             .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?;
         let (cos, sin) = rope_tables(&cfg, device)?;
+        load.finish(device);
         tracing::info!(
             architecture = %cfg.architecture,
             layers = cfg.num_layers,
