@@ -1,4 +1,6 @@
-//! The `gyre` binary.
+//! The `gyre` binary: a crate of its own over the service and the shim (so
+//! neither library depends on the other), with the libtorch link settings in
+//! its `build.rs`.
 //!
 //! - `gyre serve`: the gRPC service and the OpenAI-compatible HTTP shim in one
 //!   process (the shim reaches the service over gRPC on loopback, exactly as a
@@ -16,7 +18,7 @@ use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
 use gyre_service::resolve;
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::serve_grpc;
+use gyre_service::server::grpc_service;
 use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -388,11 +390,10 @@ async fn run() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
     let grpc_local = grpc_listener.local_addr()?;
-    let grpc_task = tokio::spawn(serve_grpc(
+    let grpc_routes = grpc_service(vec![runtime], grpc.api_key.clone(), drain_rx).await?;
+    let grpc_task = tokio::spawn(gyre_shim::conn::serve(
         grpc_listener,
-        vec![runtime],
-        grpc.api_key.clone(),
-        drain_rx,
+        grpc_routes,
         limits,
         shutdown_signal(stop_rx.clone()),
     ));
@@ -420,7 +421,7 @@ async fn run() -> anyhow::Result<()> {
         }
         None => None,
     };
-    grpc_task.await??;
+    grpc_task.await?;
     if let Some(t) = http_task {
         t.await??;
     }
