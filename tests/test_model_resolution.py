@@ -203,5 +203,5 @@ def test_revision_is_for_hub_ids_only(hf_home):
 
 def test_a_missing_path_is_not_taken_for_a_hub_id(hf_home):
     err = fails(hf_home, "--model", "./absent/model.gguf")
-    assert "--model ./absent/model.gguf: no such file or directory" in err
-    assert "HuggingFace cache" not in err
+    assert "--model ./absent/model.gguf: no such file or directory (--model takes a GGUF file" in err
+    assert "models--" not in err, "a path was looked up in the hub cache"

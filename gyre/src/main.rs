@@ -1,6 +1,6 @@
 //! The `gyre` binary: a crate of its own over the service and the shim (so
-//! neither library depends on the other), with the libtorch link settings in
-//! its `build.rs`.
+//! the service library does not depend on the shim), with the libtorch link
+//! settings in its `build.rs`.
 //!
 //! - `gyre serve`: the gRPC service and the OpenAI-compatible HTTP shim in one
 //!   process (the shim reaches the service over gRPC on loopback, exactly as a

@@ -36,7 +36,10 @@ pub struct HubModel {
 /// Why `--model` could not be resolved. Every message says where it looked.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ResolveError {
-    #[error("--model {model}: no such file or directory")]
+    #[error(
+        "--model {model}: no such file or directory (--model takes a GGUF file, a HuggingFace \
+         model directory, or a hub id in the HuggingFace cache; `make setup` links the default model)"
+    )]
     NoSuchPath { model: String },
     #[error(
         "--model {model}: no such file or directory, and no such model in the HuggingFace cache \
