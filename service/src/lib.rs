@@ -12,6 +12,7 @@ pub mod grpc;
 pub mod multiplex;
 pub mod reasoning;
 pub mod request;
+pub mod resolve;
 pub mod runtime;
 pub mod server;
 pub mod stop;
