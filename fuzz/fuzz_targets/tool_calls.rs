@@ -1,4 +1,4 @@
-//! Tool-call parsers (`service/src/tools.rs`), every format. Input: byte 0
+//! Tool-call parsers (`service/src/tools/`), every format. Input: byte 0
 //! picks the format, byte 1 seeds how the text is split into stream pieces,
 //! the rest is the model's output (lossy UTF-8).
 //!
