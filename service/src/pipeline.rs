@@ -16,7 +16,7 @@ use tokenizers::Tokenizer;
 use crate::detok::IncrementalDecoder;
 use crate::reasoning::Splitter;
 use crate::stop::{StopMatcher, StopOutcome};
-use crate::tools::{ParsedCall, ToolFormat, ToolParser};
+use crate::tools::{CallPiece, ToolFormat, ToolParser};
 
 /// What a choice's output is parsed for.
 pub struct Config {
@@ -177,7 +177,10 @@ impl Pipeline {
             text.push_str(&c);
             calls.extend(k);
         }
-        let tool_calls = calls.into_iter().map(|c| self.piece(format, c)).collect();
+        let mut tool_calls: Vec<ToolCallPiece> = Vec::new();
+        for c in calls {
+            self.piece(format, c, &mut tool_calls);
+        }
         Output {
             text,
             reasoning,
@@ -186,14 +189,34 @@ impl Pipeline {
         }
     }
 
-    fn piece(&mut self, format: ToolFormat, call: ParsedCall) -> ToolCallPiece {
-        let index = self.calls;
-        self.calls += 1;
-        ToolCallPiece {
-            index,
-            id: format.call_id(),
-            name: call.name,
-            arguments: call.arguments,
+    /// Adds a parser's call piece to this step's pieces: a new call gets
+    /// an index, an id and its name; more arguments of the current call
+    /// extend this step's last piece when it is that call's.
+    fn piece(&mut self, format: ToolFormat, piece: CallPiece, out: &mut Vec<ToolCallPiece>) {
+        match piece {
+            CallPiece::Begin(name) => {
+                out.push(ToolCallPiece {
+                    index: self.calls,
+                    id: format.call_id(),
+                    name,
+                    arguments: String::new(),
+                });
+                self.calls += 1;
+            }
+            CallPiece::Args(text) => {
+                let Some(index) = self.calls.checked_sub(1) else {
+                    return;
+                };
+                match out.last_mut() {
+                    Some(last) if last.index == index => last.arguments.push_str(&text),
+                    _ => out.push(ToolCallPiece {
+                        index,
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: text,
+                    }),
+                }
+            }
         }
     }
 }

@@ -222,3 +222,34 @@ fn whole_calls(pieces: &[ToolCallPiece]) -> Vec<(String, Value)> {
         })
         .collect()
 }
+
+#[test]
+fn hermes_arguments_arrive_in_several_fragments() {
+    let args = r#"{"city": "Paris", "days": 3, "units": "C"}"#;
+    let text =
+        format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>");
+    let r = run(
+        &qwen(),
+        Config {
+            tool_format: Some(ToolFormat::Hermes),
+            ..config()
+        },
+        &text,
+    );
+    let fragments: Vec<&ToolCallPiece> = r.steps.iter().flat_map(|o| &o.tool_calls).collect();
+    assert!(fragments.len() > 3, "{fragments:?}");
+    assert_eq!(fragments[0].name, "get_weather");
+    let joined: String = fragments.iter().map(|f| f.arguments.as_str()).collect();
+    assert_eq!(joined, args);
+    assert_eq!(
+        whole_calls(&r.calls),
+        vec![(
+            "get_weather".to_string(),
+            serde_json::json!({"city": "Paris", "days": 3, "units": "C"})
+        )]
+    );
+    assert_eq!(
+        (r.text.as_str(), r.reason),
+        ("", Some(FinishReason::ToolCalls))
+    );
+}

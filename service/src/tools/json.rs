@@ -4,7 +4,7 @@
 //! starts like a call (`{`, `[`, `<|python_tag|>`) is held to the end.
 
 use super::llama3::PYTHON_TAG;
-use super::{Parsed, ParsedCall, ToolParser, calls_from_json};
+use super::{Parsed, ParsedCall, ToolParser, calls_from_json, whole};
 
 /// The calls of a whole output (already trimmed and without the tag).
 pub(super) fn parse(t: &str) -> Option<Vec<ParsedCall>> {
@@ -60,7 +60,7 @@ impl ToolParser for WholeOutput {
         let t = text.trim();
         let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim();
         match (self.parse)(t) {
-            Some(calls) => (String::new(), calls),
+            Some(calls) => (String::new(), whole(calls)),
             None => (text, Vec::new()),
         }
     }

@@ -2,7 +2,7 @@
 //! (Mistral's `[TOOL_CALLS]`, DeepSeek's calls-begin token): content until
 //! the marker, then everything after it is parsed at the end.
 
-use super::{Parsed, ParsedCall, ToolParser};
+use super::{Parsed, ParsedCall, ToolParser, whole};
 use crate::holdback;
 
 pub(super) struct Marked {
@@ -51,7 +51,7 @@ impl ToolParser for Marked {
             .unwrap_or(t)
             .trim();
         match (self.parse)(t) {
-            Some(calls) => (String::new(), calls),
+            Some(calls) => (String::new(), whole(calls)),
             None => (text, Vec::new()),
         }
     }

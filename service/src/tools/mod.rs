@@ -22,6 +22,7 @@
 use rand::Rng;
 use serde_json::Value;
 
+mod args;
 mod deepseek;
 mod grammar;
 mod hermes;
@@ -126,15 +127,53 @@ impl ToolFormat {
     }
 }
 
-/// Content and completed calls released by one step of a parser.
-pub type Parsed = (String, Vec<ParsedCall>);
+/// A piece of a tool call, as a parser releases it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallPiece {
+    /// A new call begins: the function's name.
+    Begin(String),
+    /// More of the arguments (JSON text) of the call begun last.
+    Args(String),
+}
+
+/// Content and call pieces released by one step of a parser.
+pub type Parsed = (String, Vec<CallPiece>);
+
+/// Whole calls as pieces: each call's name, then all its arguments.
+fn whole(calls: Vec<ParsedCall>) -> Vec<CallPiece> {
+    calls
+        .into_iter()
+        .flat_map(|c| [CallPiece::Begin(c.name), CallPiece::Args(c.arguments)])
+        .collect()
+}
+
+/// Calls rebuilt from their pieces (arguments joined).
+pub fn join(pieces: &[CallPiece]) -> Vec<ParsedCall> {
+    let mut calls: Vec<ParsedCall> = Vec::new();
+    for p in pieces {
+        match p {
+            CallPiece::Begin(name) => calls.push(ParsedCall {
+                name: name.clone(),
+                arguments: String::new(),
+            }),
+            CallPiece::Args(a) => {
+                if let Some(c) = calls.last_mut() {
+                    c.arguments.push_str(a);
+                }
+            }
+        }
+    }
+    calls
+}
 
 /// Splits one choice's streamed text into content and tool calls. Text that
 /// may be the start of a call is held back (see `crate::holdback`) until it
-/// is decided, so no markup reaches the content.
+/// is decided, so no markup reaches the content. Calls come as pieces: a
+/// format whose calls can be told early streams their arguments (`hermes`);
+/// the others release each call whole, once it is complete.
 pub trait ToolParser: Send {
     /// Takes new text; returns the content that is now certain and the
-    /// calls completed by it.
+    /// call pieces it completes.
     fn push(&mut self, text: &str) -> Parsed;
     /// The end of the output: everything left, parsed or as content.
     fn finish(&mut self) -> Parsed;
@@ -158,13 +197,13 @@ impl ToolStream {
 }
 
 /// Parses a whole output at once: (content, calls).
-pub fn parse_all(format: ToolFormat, text: &str) -> Parsed {
+pub fn parse_all(format: ToolFormat, text: &str) -> (String, Vec<ParsedCall>) {
     let mut s = format.parser();
     let (mut content, mut calls) = s.push(text);
     let (c2, k2) = s.finish();
     content.push_str(&c2);
     calls.extend(k2);
-    (content, calls)
+    (content, join(&calls))
 }
 
 /// `{"name": ..., "arguments" | "parameters": {...} or "..."}`.

@@ -15,7 +15,7 @@ fn stream_in_pieces(format: ToolFormat, text: &str, size: usize) -> (String, Vec
     let (c, k) = s.finish();
     content.push_str(&c);
     calls.extend(k);
-    (content, calls)
+    (content, join(&calls))
 }
 
 fn call(name: &str, arguments: &str) -> ParsedCall {
@@ -31,7 +31,7 @@ fn hermes_calls_with_text_before_and_split_markers() {
     let want = (
         "Let me check.".to_string(),
         vec![
-            call("get_weather", r#"{"city":"Paris"}"#),
+            call("get_weather", r#"{"city": "Paris"}"#),
             call("get_time", "{}"),
         ],
     );
@@ -179,4 +179,67 @@ fn forcing_grammars_name_every_function() {
             );
         }
     }
+}
+
+/// The pieces of a Hermes output streamed one character at a time.
+fn hermes_pieces(text: &str) -> (String, Vec<CallPiece>) {
+    let mut s = ToolFormat::Hermes.parser();
+    let (mut content, mut pieces) = (String::new(), Vec::new());
+    for c in text.chars() {
+        let (t, k) = s.push(&c.to_string());
+        content.push_str(&t);
+        pieces.extend(k);
+    }
+    let (t, k) = s.finish();
+    content.push_str(&t);
+    pieces.extend(k);
+    (content, pieces)
+}
+
+#[test]
+fn hermes_arguments_stream_as_they_are_written() {
+    let args = r#"{"city": "Pa\"ris}", "days": [1, {"n": 2}]}"#;
+    let text = format!(
+        "Hi.<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>\n<tool_call>{{\"name\":\"t\",\"arguments\":{{}}}}</tool_call>"
+    );
+    let (content, pieces) = hermes_pieces(&text);
+    assert_eq!(content, "Hi.");
+    // The call begins as soon as the arguments' first bracket is in, and
+    // every later character of them is released as it comes.
+    assert_eq!(pieces[0], CallPiece::Begin("get_weather".into()));
+    let first: Vec<String> = pieces[1..]
+        .iter()
+        .take_while(|p| matches!(p, CallPiece::Args(_)))
+        .map(|p| match p {
+            CallPiece::Args(a) => a.clone(),
+            CallPiece::Begin(_) => String::new(),
+        })
+        .collect();
+    assert_eq!(first.len(), args.chars().count(), "{pieces:?}");
+    assert_eq!(first.concat(), args);
+    assert_eq!(
+        join(&pieces),
+        vec![call("get_weather", args), call("t", "{}")]
+    );
+    assert_eq!(parse_all(ToolFormat::Hermes, &text).1, join(&pieces));
+}
+
+#[test]
+fn hermes_other_shapes_are_parsed_whole() {
+    // Arguments first, or as a JSON string: one piece at the close.
+    for body in [
+        r#"{"arguments": {"a": 1}, "name": "f"}"#,
+        r#"{"name": "f", "arguments": "{\"a\": 1}"}"#,
+    ] {
+        let (content, pieces) = hermes_pieces(&format!("<tool_call>{body}</tool_call>"));
+        assert_eq!(content, "");
+        assert_eq!(pieces.len(), 2, "{pieces:?}");
+        assert_eq!(join(&pieces)[0].name, "f");
+    }
+    // A streamed call the output breaks off keeps what it had.
+    let (content, pieces) = hermes_pieces(r#"<tool_call>{"name": "f", "arguments": {"a": [1"#);
+    assert_eq!(
+        (content.as_str(), join(&pieces)),
+        ("", vec![call("f", r#"{"a": [1"#)])
+    );
 }
