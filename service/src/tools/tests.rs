@@ -243,3 +243,52 @@ fn hermes_other_shapes_are_parsed_whole() {
         ("", vec![call("f", r#"{"a": [1"#)])
     );
 }
+
+#[test]
+fn every_format_streams_calls_as_begin_then_arguments() {
+    let outputs = [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Mistral,
+            r#"[TOOL_CALLS][{"name": "f", "arguments": {"x": [1, 2]}}]"#,
+        ),
+        (
+            ToolFormat::DeepSeek,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\": [1, 2]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        ),
+        (
+            ToolFormat::Llama3Json,
+            r#"{"name": "f", "parameters": {"x": [1, 2]}}"#,
+        ),
+        (
+            ToolFormat::Json,
+            r#"{"name": "f", "arguments": {"x": [1, 2]}}"#,
+        ),
+    ];
+    for (format, text) in outputs {
+        let mut s = format.parser();
+        let mut pieces = Vec::new();
+        for c in text.chars() {
+            pieces.extend(s.push(&c.to_string()).1);
+        }
+        pieces.extend(s.finish().1);
+        // A call begins (with its name) before any of its arguments, and
+        // its argument pieces concatenate to the whole call's arguments.
+        assert_eq!(
+            pieces.first(),
+            Some(&CallPiece::Begin("f".into())),
+            "{format:?}"
+        );
+        assert!(
+            pieces[1..].iter().all(|p| matches!(p, CallPiece::Args(_))),
+            "{format:?}: {pieces:?}"
+        );
+        let calls = join(&pieces);
+        assert_eq!(calls, parse_all(format, text).1, "{format:?}");
+        let args: Value = serde_json::from_str(&calls[0].arguments).expect("JSON");
+        assert_eq!(args, json!({"x": [1, 2]}), "{format:?}");
+    }
+}
