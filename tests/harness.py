@@ -91,13 +91,17 @@ class Server:
     _lines: queue.Queue = field(default_factory=queue.Queue)
 
     @classmethod
-    def start(cls, argv: list[str], want: tuple[str, ...] = ("gRPC", "HTTP")) -> "Server":
+    def start(cls, argv: list[str], want: tuple[str, ...] = ("gRPC", "HTTP"), *,
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> "Server":
+        """Starts `argv` in `cwd` (the repository) with `env` (this process's
+        environment) plus `RUST_LOG`."""
         require_file(Path(argv[0]), "gyre binary (GYRE_BIN / GYRE_SHIM_BIN)")
         fd, err_name = tempfile.mkstemp(prefix="gyre-stderr-", suffix=".log")
+        base = os.environ if env is None else env
         with os.fdopen(fd, "wb") as err:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                text=True, cwd=REPO, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+                text=True, cwd=cwd or REPO, env={**base, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
             )
         server = cls(argv=argv, proc=proc, stderr_path=Path(err_name))
         threading.Thread(target=server._pump, daemon=True).start()

@@ -44,6 +44,7 @@ CASES = [
     (COMPLETIONS, {"prompt": ""}, "prompt"),
     (COMPLETIONS, {"prompt": []}, "prompt"),
     (CHAT, {"messages": []}, "messages"),
+    (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
     (CHAT, {"stop": [f"s{i}" for i in range(17)]}, "stop"),
     (COMPLETIONS, {"stop": [""]}, "stop"),
     (COMPLETIONS, {"suffix": "the end"}, "suffix"),
@@ -69,6 +70,20 @@ def test_bad_input_is_400_naming_the_param(qwen, path, fields, param, stream):
             **({"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}), **fields}
     err = error_of(harness.http_json(qwen.http, path, body), 400)
     assert (err["type"], err["param"]) == ("invalid_request_error", param), err
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_unknown_role_is_checked_by_the_service_and_clipped(qwen, stream):
+    """Roles are checked once, by the service (gRPC clients get the same answer); over HTTP the error names the
+    OpenAI param and quotes the role clipped."""
+    body = {"model": QWEN, "max_tokens": 2, "stream": stream, "messages": [{"role": "r" * 20000, "content": "hi"}]}
+    err = error_of(harness.http_json(qwen.http, CHAT, body), 400)
+    assert (err["param"], err["code"]) == ("messages[0].role", "invalid_role"), err
+    assert "r" * 100 in err["message"] and len(err["message"]) < 2000, err
+    grpc = harness.buf_curl(qwen.grpc, "gyre.v1.Generation/GenerateStream",
+                            {"model": QWEN, "chat": {"messages": [{"role": "robot", "content": "hi"}]}, "maxTokens": 2})
+    assert grpc.rc != 0 and grpc.error and grpc.error["code"] == "invalid_argument", grpc
+    assert "unknown role" in grpc.error["message"], grpc.error
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])

@@ -14,6 +14,7 @@ import re
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 import harness
 import openai_schema
@@ -103,6 +104,38 @@ def test_stream_deltas_match_the_non_streamed_calls(client):
     assert list(calls) == list(range(len(calls)))
 
 
+def test_arguments_stream_in_fragments_the_sdk_accumulates(client):
+    """Hermes calls stream their arguments as they are generated: a call's first fragment carries id, type and
+    name, later ones only argument text, and the SDK's own stream accumulation rebuilds exactly the calls of the
+    same request not streamed."""
+    args = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=True,
+                temperature=0, max_tokens=300)
+    whole = client.chat.completions.create(**args).choices[0].message.tool_calls
+    state = ChatCompletionStreamState()
+    fragments: dict[int, list] = {}
+    sdk_deltas: dict[int, str] = {}
+    for chunk in client.chat.completions.create(**args, stream=True):
+        for event in state.handle_chunk(chunk):
+            if event.type == "tool_calls.function.arguments.delta":
+                sdk_deltas[event.index] = sdk_deltas.get(event.index, "") + event.arguments_delta
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                fragments.setdefault(d.index, []).append(d)
+    final = state.get_final_completion().choices[0].message.tool_calls
+    check_calls(final)
+    assert [(c.id, c.function.name, c.function.arguments) for c in final] == [
+        (f[0].id, f[0].function.name, "".join(d.function.arguments for d in f)) for f in fragments.values()]
+    assert [(c.function.name, c.function.arguments) for c in final] == [
+        (c.function.name, c.function.arguments) for c in whole]
+    assert sdk_deltas == {i: c.function.arguments for i, c in enumerate(final)}
+    for frags in fragments.values():
+        first, *later = frags
+        assert first.id and first.type == "function" and first.function.name, first
+        assert later, f"arguments arrived whole: {first}"
+        for d in later:
+            assert d.id is None and d.type is None and d.function.name is None and d.function.arguments, d
+
+
 def test_auto_parses_calls_the_model_writes(client):
     """With tool_choice auto, a call in the model's format is parsed out of its
     output (the output is steered with a regex so the random model writes one,
@@ -155,11 +188,15 @@ def test_grpc_typed_tool_calls(qwen):
                     "parallelToolCalls": False},
            "maxTokens": 300, "sampling": {"temperature": 0}}
     events = harness.buf_curl(qwen.grpc, "gyre.v1.Generation/GenerateStream", req).ok().messages
-    calls = [c for e in events if "delta" in e for c in e["delta"].get("toolCalls", [])]
+    fragments = [c for e in events if "delta" in e for c in e["delta"].get("toolCalls", [])]
     text = "".join(e["delta"].get("text", "") for e in events if "delta" in e)
-    assert len(calls) == 1 and text == "", events
-    assert calls[0]["name"] in SCHEMAS and ID.fullmatch(calls[0]["id"])
-    jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS[calls[0]["name"]])
+    # One call, its arguments in several fragments: the first names it.
+    assert {f.get("index", 0) for f in fragments} == {0} and text == "", events
+    first, *later = fragments
+    assert first["name"] in SCHEMAS and ID.fullmatch(first["id"])
+    assert later and all("id" not in f and "name" not in f and f["arguments"] for f in later), fragments
+    arguments = "".join(f.get("arguments", "") for f in fragments)
+    jsonschema.validate(json.loads(arguments), SCHEMAS[first["name"]])
     assert events[-1]["finish"]["reason"] == "FINISH_REASON_TOOL_CALLS"
 
 

@@ -24,6 +24,7 @@ pub mod gguf;
 mod kv;
 mod layers;
 mod models;
+pub mod progress;
 mod sampler;
 mod scheduler;
 mod worker;
@@ -118,6 +119,11 @@ pub struct EngineOptions {
     /// libtorch intra-op threads of the engine (CPU). None: libtorch's default
     /// (one per core).
     pub compute_threads: Option<usize>,
+    /// Shows the weights' load progress ([`progress::LogLines`] or
+    /// [`progress::TerminalBar`]). `Engine::start` makes it the process's
+    /// load reporter (see [`progress::set_reporter`]); None keeps the one
+    /// set before (log lines by default).
+    pub load_progress: Option<Arc<dyn progress::LoadProgress>>,
 }
 
 impl EngineOptions {
@@ -132,6 +138,7 @@ impl EngineOptions {
             kv_cache_bytes: 1 << 30,
             num_blocks: None,
             compute_threads: None,
+            load_progress: None,
         }
     }
 }
@@ -305,6 +312,9 @@ impl Engine {
                     "{name} must be at least 1"
                 )));
             }
+        }
+        if let Some(p) = &opts.load_progress {
+            progress::set_reporter(p.clone());
         }
         let admission = Arc::new(admission::Admission::new(
             opts.queue_capacity,

@@ -1,14 +1,16 @@
-//! Tool-call parsers (`service/src/tools.rs`), every format. Input: byte 0
+//! Tool-call parsers (`service/src/tools/`), every format. Input: byte 0
 //! picks the format, byte 1 seeds how the text is split into stream pieces,
 //! the rest is the model's output (lossy UTF-8).
 //!
-//! Properties: no panic; every parsed call's `arguments` is valid JSON; the
-//! streamed parse (pieces of 1-8 characters through `ToolStream`) gives
-//! exactly the content and calls of the one-shot `parse_all`.
+//! Properties: no panic; every parsed call's `arguments` is valid JSON,
+//! except for `hermes`, which streams a call's arguments as written (so a
+//! call the output breaks off keeps what it had); the streamed parse (pieces
+//! of 1-8 characters through `ToolStream`, call pieces joined) gives exactly
+//! the content and calls of the one-shot `parse_all`.
 #![no_main]
 
 use gyre_fuzz::input::{Rng, pieces, split_header};
-use gyre_fuzz::tools::{ToolFormat, ToolStream, parse_all};
+use gyre_fuzz::tools::{ToolFormat, ToolStream, join, parse_all};
 use libfuzzer_sys::fuzz_target;
 
 const FORMATS: [&str; 5] = ["hermes", "mistral", "deepseek", "llama3_json", "json"];
@@ -24,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(payload);
 
     let (content, calls) = parse_all(format, &text);
-    for call in &calls {
+    for call in calls.iter().filter(|_| name != "hermes") {
         if let Err(e) = serde_json::from_str::<serde_json::Value>(&call.arguments) {
             panic!("{name}: call {call:?} has arguments that are not JSON ({e}); output {text:?}");
         }
@@ -42,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
     let (c, k) = stream.finish();
     s_content.push_str(&c);
     s_calls.extend(k);
+    let s_calls = join(&s_calls);
     assert_eq!(
         (&s_content, &s_calls),
         (&content, &calls),

@@ -1,9 +1,8 @@
 //! The `gyre.v1.Generation` service over the engine.
 //!
-//! Each request runs in its own task: engine token events in, incremental
-//! detokenizing and stop strings, typed events out through a bounded channel.
-//! A failed send means the client left: the task ends, dropping the engine's
-//! event receiver, which cancels the sequence at the engine's next step.
+//! Each choice of a request runs in its own task (`choice`): engine events
+//! in, through the choice's output pipeline (`pipeline`), typed events out
+//! through a bounded channel.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,19 +13,15 @@ use gyre_api::v1::{
     ListModelsRequest, ListModelsResponse, TokenizeRequest, TokenizeResponse,
     generate_response::Event as Ev, generation_server::Generation, tokenize_request,
 };
-use gyre_engine::{Event, FinishReason as EngineFinish};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::detok::IncrementalDecoder;
+use crate::choice::{Choice, run};
 use crate::error::ServiceError;
-use crate::reasoning::Splitter;
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
-use crate::stop::{StopMatcher, StopOutcome};
-use crate::tools::{ParsedCall, ToolFormat, ToolStream};
 
 pub(crate) type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
@@ -100,16 +95,13 @@ impl GenerationService {
     }
 }
 
-/// One choice's engine events.
-type Choice = mpsc::UnboundedReceiver<Event>;
-
 /// Which request and choice an event belongs to.
 pub(crate) struct Tag {
     pub(crate) id: String,
     pub(crate) index: u32,
 }
 
-fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
+pub(crate) fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
     GenerateResponse {
         request_id: tag.id.clone(),
         index: tag.index,
@@ -133,370 +125,6 @@ pub(crate) fn request_error(e: &ServiceError) -> v1::RequestError {
 pub(crate) enum Mode {
     Multiplexed,
     Single,
-}
-
-/// Drives one request to its end. Returns when it finished, was cancelled,
-/// or the client went away.
-async fn run(
-    tag: Tag,
-    p: Arc<Prepared>,
-    mut events: Choice,
-    out: Out,
-    mut cancel: watch::Receiver<bool>,
-    mode: Mode,
-    deadline: Option<Instant>,
-) {
-    let id = &tag.id;
-    let expired = async move {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(expired);
-    let tok = p.model.tokenizer.clone();
-    let mut detok = IncrementalDecoder::new(p.skip_special);
-    let mut stops = StopMatcher::new(p.stop.clone());
-    let mut tools = ToolSplit::new(p.tool_format);
-    // Stop strings apply to the whole output (reasoning too, as in vLLM);
-    // what they release is then split into reasoning and answer.
-    let mut reasoning = p.reasoning.map(|r| r.splitter());
-    let prompt_tokens = p.engine_req.prompt.len() as u32;
-    let mut generated = 0u32;
-    let mut cached = 0u32;
-    let mut pending_logprobs: Option<v1::TokenLogprob> = None;
-    let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
-    let usage = |completion, cached, r: &Option<Splitter>| v1::Usage {
-        prompt_tokens,
-        completion_tokens: completion,
-        cached_tokens: cached,
-        reasoning_tokens: r.as_ref().map(Splitter::reasoning_tokens),
-    };
-    let finish = |reason: FinishReason,
-                  u: v1::Usage,
-                  stop: Option<String>,
-                  stop_id: Option<u32>| v1::Finish {
-        reason: reason as i32,
-        usage: Some(u),
-        matched_stop: stop,
-        matched_stop_token_id: stop_id,
-        error: None,
-    };
-    loop {
-        let ev = tokio::select! {
-            biased;
-            _ = cancelled(&mut cancel) => {
-                let f = finish(FinishReason::Cancelled, usage(generated, cached, &reasoning), None, None);
-                let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
-                return;
-            }
-            // The call's deadline (grpc-timeout) passed: end it, which also
-            // cancels the sequence in the engine.
-            _ = &mut expired => {
-                fail(&tag, &out, mode, ServiceError::DeadlineExceeded(generated)).await;
-                return;
-            }
-            // The client went away: returning drops `events`, which cancels
-            // the sequence in the engine.
-            _ = out.closed() => {
-                tracing::info!(request_id = %id, generated, "client went away; request cancelled");
-                return;
-            }
-            ev = events.recv() => ev,
-        };
-        let msg = match ev {
-            Some(Event::Prefilled { cached_tokens }) => {
-                cached = cached_tokens;
-                let Some(text) = p.echo.clone() else {
-                    continue;
-                };
-                let first_token = match p.engine_req.prompt_logprobs {
-                    Some(_) => p.engine_req.prompt.first().map_or_else(String::new, |&t| {
-                        tok.decode(&[t], false).unwrap_or_default()
-                    }),
-                    None => String::new(),
-                };
-                event(
-                    &tag,
-                    Ev::Prompt(v1::PromptEcho {
-                        text,
-                        token_ids: p.engine_req.prompt.clone(),
-                        logprobs: std::mem::take(&mut prompt_logprobs),
-                        first_token,
-                    }),
-                )
-            }
-            Some(Event::PromptLogprobs(list)) => {
-                prompt_logprobs.extend(list.into_iter().map(|lp| token_logprob(&tok, lp)));
-                continue;
-            }
-            Some(Event::Logprobs(lp)) => {
-                pending_logprobs = Some(token_logprob(&tok, lp));
-                continue;
-            }
-            Some(Event::Token(t)) => {
-                generated += 1;
-                if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
-                    // The stop token's text is never shown; Finished follows.
-                    continue;
-                }
-                let piece = match detok.push(&tok, t) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        fail(
-                            &tag,
-                            &out,
-                            mode,
-                            ServiceError::Internal(format!("detokenize: {e}")),
-                        )
-                        .await;
-                        return;
-                    }
-                };
-                match stops.push(&piece) {
-                    StopOutcome::Continue(text) => {
-                        let (text, thought) = route(&mut reasoning, text, 1, false);
-                        let (text, tool_calls) = tools.split(text);
-                        event(
-                            &tag,
-                            Ev::Delta(v1::Delta {
-                                text,
-                                token_ids: vec![t],
-                                logprobs: pending_logprobs.take().into_iter().collect(),
-                                tool_calls,
-                                reasoning: thought,
-                            }),
-                        )
-                    }
-                    StopOutcome::Stopped(mut text, s) => {
-                        if p.include_stop {
-                            text.push_str(&s);
-                        }
-                        let (text, thought) = route(&mut reasoning, text, 1, true);
-                        let (text, tool_calls) = tools.split_last(text);
-                        if out
-                            .send(Ok(event(
-                                &tag,
-                                Ev::Delta(v1::Delta {
-                                    text,
-                                    reasoning: thought,
-                                    token_ids: vec![t],
-                                    logprobs: pending_logprobs.take().into_iter().collect(),
-                                    tool_calls,
-                                }),
-                            )))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                        let f = finish(
-                            tools.stop_reason(),
-                            usage(generated, cached, &reasoning),
-                            Some(s),
-                            None,
-                        );
-                        let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
-                        return;
-                    }
-                }
-            }
-            Some(Event::Finished { reason, usage: u }) => {
-                let mut tail = detok.flush(&tok).unwrap_or_default();
-                let (tail_calls, tail_thought);
-                match stops.push(&tail) {
-                    StopOutcome::Continue(t) => {
-                        let (answer, thought) = route(&mut reasoning, t + &stops.finish(), 0, true);
-                        tail_thought = thought;
-                        (tail, tail_calls) = tools.split_last(answer);
-                    }
-                    StopOutcome::Stopped(mut t, s) => {
-                        if p.include_stop {
-                            t.push_str(&s);
-                        }
-                        let (t, thought) = route(&mut reasoning, t, 0, true);
-                        let (text, tool_calls) = tools.split_last(t);
-                        let _ = out
-                            .send(Ok(event(
-                                &tag,
-                                Ev::Delta(v1::Delta {
-                                    text,
-                                    reasoning: thought,
-                                    token_ids: vec![],
-                                    logprobs: vec![],
-                                    tool_calls,
-                                }),
-                            )))
-                            .await;
-                        let f = finish(
-                            tools.stop_reason(),
-                            usage(u.completion_tokens, u.cached_tokens, &reasoning),
-                            Some(s),
-                            None,
-                        );
-                        let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
-                        return;
-                    }
-                }
-                if !(tail.is_empty() && tail_thought.is_empty() && tail_calls.is_empty())
-                    && out
-                        .send(Ok(event(
-                            &tag,
-                            Ev::Delta(v1::Delta {
-                                text: tail,
-                                reasoning: tail_thought,
-                                token_ids: vec![],
-                                logprobs: vec![],
-                                tool_calls: tail_calls,
-                            }),
-                        )))
-                        .await
-                        .is_err()
-                {
-                    return;
-                }
-                let f = match reason {
-                    EngineFinish::Stop(t) => finish(
-                        tools.stop_reason(),
-                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
-                        None,
-                        Some(t),
-                    ),
-                    EngineFinish::Length => finish(
-                        FinishReason::Length,
-                        usage(u.completion_tokens, u.cached_tokens, &reasoning),
-                        None,
-                        None,
-                    ),
-                };
-                let _ = out.send(Ok(event(&tag, Ev::Finish(f)))).await;
-                return;
-            }
-            Some(Event::Failed(e)) => {
-                fail(&tag, &out, mode, ServiceError::Engine(e)).await;
-                return;
-            }
-            None => {
-                fail(
-                    &tag,
-                    &out,
-                    mode,
-                    ServiceError::Internal("engine dropped the request".into()),
-                )
-                .await;
-                return;
-            }
-        };
-        if out.send(Ok(msg)).await.is_err() {
-            tracing::info!(request_id = %id, generated, "client went away; request cancelled");
-            return;
-        }
-    }
-}
-
-/// Tool calls parsed out of one choice's text (when the request has tools).
-struct ToolSplit {
-    stream: Option<(ToolFormat, ToolStream)>,
-    calls: u32,
-}
-
-impl ToolSplit {
-    fn new(format: Option<ToolFormat>) -> Self {
-        Self {
-            stream: format.map(|f| (f, ToolStream::new(f))),
-            calls: 0,
-        }
-    }
-
-    fn typed(&mut self, format: ToolFormat, calls: Vec<ParsedCall>) -> Vec<v1::ToolCallDelta> {
-        calls
-            .into_iter()
-            .map(|c| {
-                let index = self.calls;
-                self.calls += 1;
-                v1::ToolCallDelta {
-                    index,
-                    id: format.call_id(),
-                    name: c.name,
-                    arguments: c.arguments,
-                }
-            })
-            .collect()
-    }
-
-    /// Content and completed calls of new text.
-    fn split(&mut self, text: String) -> (String, Vec<v1::ToolCallDelta>) {
-        let Some((format, stream)) = self.stream.as_mut() else {
-            return (text, Vec::new());
-        };
-        let format = *format;
-        let (content, calls) = stream.push(&text);
-        (content, self.typed(format, calls))
-    }
-
-    /// The same for the output's last text, flushing what was held back.
-    fn split_last(&mut self, text: String) -> (String, Vec<v1::ToolCallDelta>) {
-        let (mut content, mut calls) = self.split(text);
-        if let Some((format, stream)) = self.stream.as_mut() {
-            let format = *format;
-            let (c, k) = stream.finish();
-            content.push_str(&c);
-            calls.extend(self.typed(format, k));
-        }
-        (content, calls)
-    }
-
-    /// A normal end is TOOL_CALLS once the model made calls.
-    fn stop_reason(&self) -> FinishReason {
-        if self.calls > 0 {
-            FinishReason::ToolCalls
-        } else {
-            FinishReason::Stop
-        }
-    }
-}
-
-/// Splits released text (of `tokens` generated tokens) into answer and
-/// reasoning; `last`: the output ends here, release everything.
-fn route(r: &mut Option<Splitter>, text: String, tokens: u32, last: bool) -> (String, String) {
-    let Some(s) = r else {
-        return (text, String::new());
-    };
-    let mut out = s.push(&text, tokens);
-    if last {
-        let rest = s.finish();
-        out.content.push_str(&rest.content);
-        out.reasoning.push_str(&rest.reasoning);
-    }
-    (out.content, out.reasoning)
-}
-
-/// A token's log-probabilities for the API, with each token's text.
-fn token_logprob(tok: &tokenizers::Tokenizer, lp: gyre_engine::TokenLogprobs) -> v1::TokenLogprob {
-    let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
-    v1::TokenLogprob {
-        token_id: lp.token,
-        logprob: lp.logprob,
-        token: text(lp.token),
-        top_logprobs: lp
-            .top
-            .into_iter()
-            .map(|(id, logprob)| v1::TopLogprob {
-                token_id: id,
-                logprob,
-                token: text(id),
-            })
-            .collect(),
-    }
-}
-
-/// Resolves when the request's cancel switch is set (or its owner is gone).
-async fn cancelled(switch: &mut watch::Receiver<bool>) {
-    let _ = switch.wait_for(|c| *c).await;
-}
-
-fn is_eos(p: &Prepared, t: u32) -> bool {
-    !p.engine_req.ignore_eos && p.model.engine.info().eos_token_ids.contains(&t)
 }
 
 pub(crate) async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {

@@ -1,17 +1,22 @@
 //! gyre's gRPC service over the engine, and the pieces of the `gyre` binary.
 //!
 //! Text work lives here, off the engine thread: chat templates, tokenizing,
-//! incremental detokenizing, stop strings, reasoning sections. Errors map to `tonic::Status` in
+//! incremental detokenizing, stop strings, reasoning sections and tool calls,
+//! one output pipeline per choice (`pipeline`). Errors map to `tonic::Status` in
 //! exactly one place (`error`).
 
 pub mod chat;
+mod choice;
 pub mod compact;
 pub mod detok;
 pub mod error;
 pub mod grpc;
+pub mod holdback;
 pub mod multiplex;
+pub mod pipeline;
 pub mod reasoning;
 pub mod request;
+pub mod resolve;
 pub mod runtime;
 pub mod server;
 pub mod stop;

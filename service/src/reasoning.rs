@@ -193,10 +193,8 @@ impl Splitter {
                         self.state = State::Content;
                         continue;
                     }
-                    let keep = partial_suffix(&self.held, self.end);
-                    let cut = self.held.len() - keep;
-                    out.reasoning.push_str(&self.held[..cut]);
-                    self.held.drain(..cut);
+                    let released = crate::holdback::release(&mut self.held, [self.end]);
+                    out.reasoning.push_str(&released);
                     return out;
                 }
                 State::Content => {
@@ -222,14 +220,6 @@ impl Splitter {
             },
         }
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    text.char_indices()
-        .map(|(i, _)| &text[i..])
-        .find(|tail| tail.len() < marker.len() && marker.starts_with(tail))
-        .map_or(0, str::len)
 }
 
 #[cfg(test)]

@@ -1,13 +1,12 @@
-//! The gRPC server: gyre.v1.Generation (behind the API-key check),
+//! The gRPC server's routes: gyre.v1.Generation (behind the API-key check),
 //! grpc.health.v1 (overall and per model), server reflection v1 and v1alpha
-//! (gyre's and health's descriptors), and gRPC-Web through tonic-web.
+//! (gyre's and health's descriptors), and gRPC-Web through tonic-web. The
+//! `gyre` binary serves them with the same connection handling as the HTTP
+//! API (`gyre_shim::conn`), so this library does not depend on the shim.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use gyre_api::v1::generation_server::GenerationServer;
-use gyre_shim::conn::ConnLimits;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -52,18 +51,17 @@ impl tonic::service::Interceptor for ApiKeyCheck {
     }
 }
 
-/// Serves until `shutdown` resolves, under `limits` (the same connection
-/// handling as the HTTP API: `gyre_shim::conn`). Once `draining` turns true,
-/// health reports NOT_SERVING (overall, the service and each model) and new
-/// generation requests get UNAVAILABLE while running ones finish.
-pub async fn serve_grpc(
-    listener: TcpListener,
+/// Every gRPC route, as one HTTP service (HTTP/2, and HTTP/1 for gRPC-Web).
+pub type GrpcService = tonic_web::GrpcWebService<Routes>;
+
+/// The gRPC service over `models`, ready to serve. Once `draining` turns
+/// true, health reports NOT_SERVING (overall, the service and each model)
+/// and new generation requests get UNAVAILABLE while running ones finish.
+pub async fn grpc_service(
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
-    limits: ConnLimits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<GrpcService> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
         .set_serving::<GenerationServer<GenerationService>>()
@@ -111,7 +109,5 @@ pub async fn serve_grpc(
         .add_service(generation)
         .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.
-    let service = tonic_web::GrpcWebLayer::new().layer(routes);
-    gyre_shim::conn::serve(listener, service, limits, shutdown).await;
-    Ok(())
+    Ok(tonic_web::GrpcWebLayer::new().layer(routes))
 }

@@ -41,31 +41,13 @@ impl StopMatcher {
             self.held.clear();
             return StopOutcome::Stopped(before, stop);
         }
-        let keep = self.held_back_len();
-        let cut = self.held.len() - keep;
-        let out = self.held[..cut].to_string();
-        self.held.drain(..cut);
+        let out = crate::holdback::release(&mut self.held, self.stops.iter().map(String::as_str));
         StopOutcome::Continue(out)
     }
 
     /// Releases what is held back (generation ended without a match).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
-    }
-
-    /// Length of the longest suffix of `held` that is a proper prefix of a stop string.
-    fn held_back_len(&self) -> usize {
-        let mut best = 0;
-        for s in &self.stops {
-            for (i, _) in self.held.char_indices() {
-                let tail = &self.held[i..];
-                if tail.len() < s.len() && s.starts_with(tail) {
-                    best = best.max(tail.len());
-                    break;
-                }
-            }
-        }
-        best
     }
 }
 

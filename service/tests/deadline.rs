@@ -3,6 +3,7 @@
 //! cancelled in the engine. The client here only sends the header and does
 //! not enforce it, so only the server can end the stream.
 
+mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -10,7 +11,6 @@ use gyre_api::v1::generation_client::GenerationClient;
 use gyre_api::v1::{self, GetStatsRequest, generate_response::Event, request::Input};
 use gyre_engine::{DeviceChoice, EngineOptions};
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::serve_grpc;
 use tokio::net::TcpListener;
 
 fn model_dir() -> PathBuf {
@@ -32,7 +32,7 @@ async fn a_stream_past_its_deadline_ends_with_deadline_exceeded() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_grpc(
+    let server = tokio::spawn(common::serve_grpc(
         listener,
         vec![Arc::new(rt)],
         None,

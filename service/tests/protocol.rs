@@ -10,6 +10,7 @@
 //!   finish; the running request streams on and finishes once;
 //! - the API key: `Bearer` in any case, wrong or missing key refused.
 
+mod common;
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,7 +24,6 @@ use gyre_api::v1::{
 };
 use gyre_engine::{DeviceChoice, EngineOptions};
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::serve_grpc;
 use prost::Message;
 use prost::bytes::BufMut;
 use tokio::net::TcpListener;
@@ -59,7 +59,7 @@ impl Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(serve_grpc(
+        let task = tokio::spawn(common::serve_grpc(
             listener,
             vec![Arc::new(rt)],
             api_key.map(str::to_string),

@@ -365,6 +365,8 @@ pub fn openai_param(field: &str, api: Api) -> String {
         "input" | "input.text" | "text" | "token_ids" | "token_ids.ids" | "chat" => {
             input.to_owned()
         }
+        // The number of top logprobs: chat's `top_logprobs`.
+        "logprobs" if api == Api::Chat => "top_logprobs".to_owned(),
         // Chat's response_format, or the structured-outputs extensions.
         "structured" if api == Api::Completions => "structured_outputs".to_owned(),
         "structured" => "response_format".to_owned(),
@@ -579,6 +581,8 @@ mod tests {
         assert_eq!(openai_param("input", Api::Chat), "messages");
         assert_eq!(openai_param("max_tokens", Api::Chat), "max_tokens");
         assert_eq!(openai_param("request.stop", Api::Chat), "stop");
+        assert_eq!(openai_param("logprobs", Api::Chat), "top_logprobs");
+        assert_eq!(openai_param("logprobs", Api::Completions), "logprobs");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::openai::response::Usage;
-use crate::upstream::{Merged, Step};
+use crate::upstream::{Finish, Merged, Piece, Step};
 use gyre_api::v1::PromptEcho;
 
 /// An out-of-band SSE event a stream may ask for in `nvext.annotations`.
@@ -93,7 +93,7 @@ pub trait ChunkFormat: Send + 'static {
         self.text(index, "", &[])
     }
     /// The chunk carrying choice `index`'s `finish_reason`.
-    fn finish(&self, index: u32, reason: &'static str) -> Event;
+    fn finish(&self, index: u32, reason: Finish) -> Event;
     /// The usage-only chunk, or `None` when the client did not ask for it.
     fn usage(&self, usage: Usage) -> Option<Event>;
 }
@@ -161,32 +161,7 @@ impl<F: ChunkFormat> Driver<F> {
             return Some(std::mem::take(&mut self.opening));
         }
         match self.generation.next().await {
-            Ok(Step::Text {
-                index,
-                text,
-                logprobs,
-            }) => Some(vec![self.format.text(index, &text, &logprobs)]),
-            Ok(Step::Reasoning { index, text }) => {
-                Some(self.format.reasoning(index, &text).into_iter().collect())
-            }
-            Ok(Step::Echo { index, echo }) => {
-                let mut events = Vec::new();
-                if index % self.annotations.per_prompt.max(1) == 0 {
-                    for &a in &self.annotations.list {
-                        let mut chunk = self.format.empty_chunk();
-                        chunk["nvext"] = serde_json::json!({
-                            "annotation": a.name(), "index": index, "value": a.value(&echo),
-                        });
-                        events.push(Event::default().event(a.name()).data(chunk.to_string()));
-                    }
-                }
-                events.extend(self.format.echo(index, &echo));
-                Some(events)
-            }
-            Ok(Step::ToolCalls { index, calls }) => {
-                Some(vec![self.format.tool_calls(index, &calls)])
-            }
-            Ok(Step::Finished { index, reason }) => Some(vec![self.format.finish(index, reason)]),
+            Ok(Step::Choice { index, piece }) => Some(self.piece_events(index, piece)),
             Ok(Step::End { usage }) => {
                 self.done = true;
                 let mut events: Vec<Event> = self.format.usage(usage).into_iter().collect();
@@ -197,6 +172,32 @@ impl<F: ChunkFormat> Driver<F> {
                 self.done = true;
                 Some(vec![error_event(&error)])
             }
+        }
+    }
+}
+
+impl<F: ChunkFormat> Driver<F> {
+    /// The events of one choice's piece.
+    fn piece_events(&mut self, index: u32, piece: Piece) -> Vec<Event> {
+        match piece {
+            Piece::Text { text, logprobs } => vec![self.format.text(index, &text, &logprobs)],
+            Piece::Reasoning(text) => self.format.reasoning(index, &text).into_iter().collect(),
+            Piece::Echo(echo) => {
+                let mut events = Vec::new();
+                if index.is_multiple_of(self.annotations.per_prompt.max(1)) {
+                    for &a in &self.annotations.list {
+                        let mut chunk = self.format.empty_chunk();
+                        chunk["nvext"] = serde_json::json!({
+                            "annotation": a.name(), "index": index, "value": a.value(&echo),
+                        });
+                        events.push(Event::default().event(a.name()).data(chunk.to_string()));
+                    }
+                }
+                events.extend(self.format.echo(index, &echo));
+                events
+            }
+            Piece::ToolCalls(calls) => vec![self.format.tool_calls(index, &calls)],
+            Piece::Finished(reason) => vec![self.format.finish(index, reason)],
         }
     }
 }

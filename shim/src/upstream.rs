@@ -50,29 +50,50 @@ pub fn grpc_request<T>(state: &AppState, headers: &HeaderMap, message: T) -> ton
     request
 }
 
-/// What a generation produced next.
+/// Why a choice ended normally (errors and cancellations are errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Finish {
+    #[default]
+    Stop,
+    Length,
+    ToolCalls,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
+        }
+    }
+}
+
+/// Something new of one choice.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    /// New text of choice `index`, with the log-probabilities of its tokens
-    /// when requested (text may be empty only when logprobs are not).
+pub enum Piece {
+    /// New text, with the log-probabilities of its tokens when requested
+    /// (text may be empty only when logprobs are not).
     Text {
-        index: u32,
         text: String,
         logprobs: Vec<pb::TokenLogprob>,
     },
-    /// New reasoning text of choice `index` (before any `Text` of the same
-    /// delta).
-    Reasoning { index: u32, text: String },
-    /// The prompt sent back for choice `index` (the request asked for
-    /// `echo`), before any of its text.
-    Echo { index: u32, echo: pb::PromptEcho },
-    /// Tool calls choice `index` made (after any text of the same delta).
-    ToolCalls {
-        index: u32,
-        calls: Vec<pb::ToolCallDelta>,
-    },
-    /// Choice `index` ended with OpenAI's `finish_reason`.
-    Finished { index: u32, reason: &'static str },
+    /// New reasoning text (before any `Text` of the same delta).
+    Reasoning(String),
+    /// The prompt sent back (the request asked for `echo`), before any text.
+    Echo(pb::PromptEcho),
+    /// Tool calls, or fragments of them (after any text of the same delta).
+    ToolCalls(Vec<pb::ToolCallDelta>),
+    /// The choice ended.
+    Finished(Finish),
+}
+
+/// What a generation produced next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Something new of choice `index`.
+    Choice { index: u32, piece: Piece },
     /// Every choice ended: token counts (prompt once, completions summed).
     End { usage: Usage },
 }
@@ -81,7 +102,7 @@ pub enum Step {
 pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
     /// Steps read ahead: the first (read by [`Generation::start`]) and the
-    /// answer text of a delta that also carried reasoning.
+    /// later pieces of a delta that carried several.
     peeked: std::collections::VecDeque<Step>,
     /// When the configured request timeout passes; the shim enforces it on
     /// the whole stream (tonic's own `grpc-timeout` only bounds the headers).
@@ -93,17 +114,50 @@ pub struct Generation {
     usage: Usage,
 }
 
+/// The whole output of one choice.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChoiceOutput {
+    pub text: String,
+    /// Reasoning text (empty: none).
+    pub reasoning: String,
+    /// Log-probabilities of the text's tokens, when requested.
+    pub logprobs: Vec<pb::TokenLogprob>,
+    /// Whole tool calls, by call index (fragments joined).
+    pub tool_calls: Vec<pb::ToolCallDelta>,
+    /// The prompt sent back, when the request asked for it.
+    pub echo: Option<pb::PromptEcho>,
+    pub finish: Finish,
+}
+
+impl ChoiceOutput {
+    /// Adds a piece of this choice.
+    fn add(&mut self, piece: Piece) {
+        match piece {
+            Piece::Text { text, logprobs } => {
+                self.text.push_str(&text);
+                self.logprobs.extend(logprobs);
+            }
+            Piece::Reasoning(text) => self.reasoning.push_str(&text),
+            Piece::Echo(echo) => self.echo = Some(echo),
+            Piece::ToolCalls(calls) => {
+                for call in calls {
+                    // A later fragment of a call only adds argument text.
+                    match self.tool_calls.iter_mut().find(|c| c.index == call.index) {
+                        Some(c) => c.arguments.push_str(&call.arguments),
+                        None => self.tool_calls.push(call),
+                    }
+                }
+            }
+            Piece::Finished(finish) => self.finish = finish,
+        }
+    }
+}
+
 /// The whole output of a generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
-    /// Text, finish reason and token logprobs of each choice, by index.
-    pub choices: Vec<(String, &'static str, Vec<pb::TokenLogprob>)>,
-    /// The tool calls of each choice, by index.
-    pub tool_calls: Vec<Vec<pb::ToolCallDelta>>,
-    /// The prompt sent back for each choice, when the request asked for it.
-    pub echoes: Vec<Option<pb::PromptEcho>>,
-    /// Reasoning text of each choice, by index (empty: none).
-    pub reasoning: Vec<String>,
+    /// Each choice's output, by index.
+    pub choices: Vec<ChoiceOutput>,
     pub usage: Usage,
 }
 
@@ -165,49 +219,34 @@ impl Generation {
                     self.n
                 )));
             }
+            let piece = |piece| Step::Choice { index, piece };
             match response.event {
-                Some(Event::Delta(mut delta)) if !delta.reasoning.is_empty() => {
-                    let text = std::mem::take(&mut delta.reasoning);
+                Some(Event::Delta(delta)) => {
+                    // One delta in order: reasoning, text, tool calls.
+                    let mut pieces = Vec::new();
+                    if !delta.reasoning.is_empty() {
+                        pieces.push(piece(Piece::Reasoning(delta.reasoning)));
+                    }
                     if !delta.text.is_empty() || !delta.logprobs.is_empty() {
-                        self.peeked.push_back(Step::Text {
-                            index,
+                        pieces.push(piece(Piece::Text {
                             text: delta.text,
                             logprobs: delta.logprobs,
-                        });
+                        }));
                     }
                     if !delta.tool_calls.is_empty() {
-                        self.peeked.push_back(Step::ToolCalls {
-                            index,
-                            calls: delta.tool_calls,
-                        });
+                        pieces.push(piece(Piece::ToolCalls(delta.tool_calls)));
                     }
-                    return Ok(Step::Reasoning { index, text });
-                }
-                Some(Event::Delta(delta))
-                    if !delta.text.is_empty() || !delta.logprobs.is_empty() =>
-                {
-                    if !delta.tool_calls.is_empty() {
-                        self.peeked.push_back(Step::ToolCalls {
-                            index,
-                            calls: delta.tool_calls,
-                        });
+                    // Token ids without text are skipped.
+                    let mut pieces = pieces.into_iter();
+                    if let Some(first) = pieces.next() {
+                        self.peeked.extend(pieces);
+                        return Ok(first);
                     }
-                    return Ok(Step::Text {
-                        index,
-                        text: delta.text,
-                        logprobs: delta.logprobs,
-                    });
                 }
-                Some(Event::Delta(delta)) if !delta.tool_calls.is_empty() => {
-                    return Ok(Step::ToolCalls {
-                        index,
-                        calls: delta.tool_calls,
-                    });
-                }
-                Some(Event::Prompt(echo)) => return Ok(Step::Echo { index, echo }),
-                // Token ids without text, or an event this shim does not know
-                // (`Rejected` belongs to the bidi `Generate` call only).
-                Some(Event::Delta(_) | Event::Rejected(_)) | None => {}
+                Some(Event::Prompt(echo)) => return Ok(piece(Piece::Echo(echo))),
+                // An event this shim does not know (`Rejected` belongs to the
+                // bidi `Generate` call only).
+                Some(Event::Rejected(_)) | None => {}
                 Some(Event::Finish(finish)) => {
                     let (reason, usage) = finish_step(finish, self.api)?;
                     self.finished += 1;
@@ -217,7 +256,7 @@ impl Generation {
                     self.usage.add_reasoning(usage.completion_tokens_details);
                     self.usage.total_tokens =
                         self.usage.prompt_tokens + self.usage.completion_tokens;
-                    return Ok(Step::Finished { index, reason });
+                    return Ok(piece(Piece::Finished(reason)));
                 }
             }
         }
@@ -281,39 +320,10 @@ impl Merged {
             };
             let base = i * self.n;
             match step? {
-                Step::Text {
-                    index,
-                    text,
-                    logprobs,
-                } => {
-                    return Ok(Step::Text {
+                Step::Choice { index, piece } => {
+                    return Ok(Step::Choice {
                         index: base + index,
-                        text,
-                        logprobs,
-                    });
-                }
-                Step::Reasoning { index, text } => {
-                    return Ok(Step::Reasoning {
-                        index: base + index,
-                        text,
-                    });
-                }
-                Step::Echo { index, echo } => {
-                    return Ok(Step::Echo {
-                        index: base + index,
-                        echo,
-                    });
-                }
-                Step::ToolCalls { index, calls } => {
-                    return Ok(Step::ToolCalls {
-                        index: base + index,
-                        calls,
-                    });
-                }
-                Step::Finished { index, reason } => {
-                    return Ok(Step::Finished {
-                        index: base + index,
-                        reason,
+                        piece,
                     });
                 }
                 Step::End { usage } => {
@@ -334,49 +344,16 @@ impl Merged {
 
     /// Reads every generation to its end: choices in merged index order.
     pub async fn collect(mut self, choices: u32) -> Result<Collected, ApiError> {
-        let mut out = vec![(String::new(), "stop", Vec::new()); choices as usize];
-        let mut echoes = vec![None; choices as usize];
-        let mut tool_calls = vec![Vec::new(); choices as usize];
-        let mut reasoning = vec![String::new(); choices as usize];
+        let mut out = vec![ChoiceOutput::default(); choices as usize];
         loop {
             match self.next().await? {
-                Step::ToolCalls { index, calls } => {
-                    if let Some(c) = tool_calls.get_mut(index as usize) {
-                        c.extend(calls);
-                    }
-                }
-                Step::Text {
-                    index,
-                    text,
-                    logprobs,
-                } => {
-                    let c = out.get_mut(index as usize).ok_or_else(|| {
-                        ApiError::internal(format!("choice {index} out of range"))
-                    })?;
-                    c.0.push_str(&text);
-                    c.2.extend(logprobs);
-                }
-                Step::Reasoning { index, text } => {
-                    if let Some(r) = reasoning.get_mut(index as usize) {
-                        r.push_str(&text);
-                    }
-                }
-                Step::Echo { index, echo } => {
-                    if let Some(e) = echoes.get_mut(index as usize) {
-                        *e = Some(echo);
-                    }
-                }
-                Step::Finished { index, reason } => {
-                    if let Some(c) = out.get_mut(index as usize) {
-                        c.1 = reason;
-                    }
-                }
+                Step::Choice { index, piece } => out
+                    .get_mut(index as usize)
+                    .ok_or_else(|| ApiError::internal(format!("choice {index} out of range")))?
+                    .add(piece),
                 Step::End { usage } => {
                     return Ok(Collected {
                         choices: out,
-                        echoes,
-                        tool_calls,
-                        reasoning,
                         usage,
                     });
                 }
@@ -387,12 +364,12 @@ impl Merged {
 
 /// Maps a `Finish` event: STOP / LENGTH end normally, CANCELLED / ERROR are
 /// errors (the service cancelled, since this client did not).
-fn finish_step(finish: pb::Finish, api: Api) -> Result<(&'static str, Usage), ApiError> {
+fn finish_step(finish: pb::Finish, api: Api) -> Result<(Finish, Usage), ApiError> {
     let usage = Usage::from(finish.usage.unwrap_or_default());
     let reason = match FinishReason::try_from(finish.reason) {
-        Ok(FinishReason::Stop) => "stop",
-        Ok(FinishReason::Length) => "length",
-        Ok(FinishReason::ToolCalls) => "tool_calls",
+        Ok(FinishReason::Stop) => Finish::Stop,
+        Ok(FinishReason::Length) => Finish::Length,
+        Ok(FinishReason::ToolCalls) => Finish::ToolCalls,
         Ok(reason @ (FinishReason::Cancelled | FinishReason::Error)) => {
             return Err(match (&finish.error, reason) {
                 (Some(error), _) => ApiError::from_request_error(error, api),
@@ -408,7 +385,7 @@ fn finish_step(finish: pb::Finish, api: Api) -> Result<(&'static str, Usage), Ap
                 reason = finish.reason,
                 "unknown finish reason, reporting stop"
             );
-            "stop"
+            Finish::Stop
         }
     };
     Ok((reason, usage))
@@ -436,9 +413,12 @@ mod tests {
     fn finish_reasons_map() {
         let (reason, usage) =
             finish_step(finish(FinishReason::Length, None), Api::Chat).expect("ok");
-        assert_eq!((reason, usage.total_tokens), ("length", 6));
+        assert_eq!((reason, usage.total_tokens), (Finish::Length, 6));
         let (reason, _) = finish_step(finish(FinishReason::Stop, None), Api::Chat).expect("ok");
-        assert_eq!(reason, "stop");
+        assert_eq!(reason, Finish::Stop);
+        let (reason, _) =
+            finish_step(finish(FinishReason::ToolCalls, None), Api::Chat).expect("ok");
+        assert_eq!(reason.as_str(), "tool_calls");
     }
 
     #[test]
@@ -457,5 +437,36 @@ mod tests {
         assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         let err = finish_step(finish(FinishReason::Error, None), Api::Chat).expect_err("error");
         assert_eq!(err.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    fn call(index: u32, id: &str, name: &str, arguments: &str) -> pb::ToolCallDelta {
+        pb::ToolCallDelta {
+            index,
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn a_choice_joins_its_pieces_and_call_fragments() {
+        let mut c = ChoiceOutput::default();
+        c.add(Piece::Reasoning("think".into()));
+        c.add(Piece::Text {
+            text: "Hi".into(),
+            logprobs: Vec::new(),
+        });
+        c.add(Piece::ToolCalls(vec![call(0, "a1", "f", "{\"x\":")]));
+        c.add(Piece::ToolCalls(vec![
+            call(0, "", "", " 1}"),
+            call(1, "b2", "g", "{}"),
+        ]));
+        c.add(Piece::Finished(Finish::ToolCalls));
+        assert_eq!((c.text.as_str(), c.reasoning.as_str()), ("Hi", "think"));
+        assert_eq!(
+            c.tool_calls,
+            vec![call(0, "a1", "f", "{\"x\": 1}"), call(1, "b2", "g", "{}")]
+        );
+        assert_eq!(c.finish, Finish::ToolCalls);
     }
 }

@@ -15,6 +15,7 @@ use tch::Tensor;
 use super::{GgufError, GgufFile, Value};
 use crate::EngineError;
 use crate::config::ModelConfig;
+use crate::progress::Load;
 
 /// GGUF architectures (`general.architecture`) the engine can run.
 pub const SUPPORTED: &[&str] = &["llama", "gemma3"];
@@ -214,13 +215,20 @@ fn unpermute(w: &Tensor, heads: i64) -> Result<Tensor, EngineError> {
 /// Every tensor the model uses, dequantized to f32 CPU tensors under its
 /// HuggingFace name. An unknown tensor name is an error, so nothing is
 /// silently dropped.
-pub fn weights(file: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Tensor>, EngineError> {
+pub(crate) fn weights(
+    file: &GgufFile,
+    cfg: &ModelConfig,
+    load: &mut Load,
+) -> Result<HashMap<String, Tensor>, EngineError> {
     let arch = file
         .get("general.architecture")
         .and_then(Value::as_str)
         .unwrap_or("llama");
     let gemma3 = arch == "gemma3";
     let mut map = HashMap::with_capacity(file.tensors.len());
+    let size = file.path().metadata().map_or(0, |m| m.len());
+    load.plan(1, size);
+    load.start_file(file.path(), 1, size);
     for t in &file.tensors {
         let name = hf_name(arch, &t.name).ok_or_else(|| {
             EngineError::Unsupported(format!(
@@ -244,11 +252,8 @@ pub fn weights(file: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, Ten
             tensor
         };
         map.insert(name, tensor);
+        load.advance(file.raw(t)?.len() as u64, 1);
     }
-    tracing::info!(
-        file = %file.path().display(),
-        tensors = map.len(),
-        "GGUF weights dequantized"
-    );
+    load.finish_file();
     Ok(map)
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+use crate::progress::Load;
 
 /// A checkpoint's tensors by HuggingFace name; each is taken once.
 pub(crate) struct Weights {
@@ -79,7 +80,7 @@ impl Weights {
 }
 
 /// Reads every `*.safetensors` file of the model directory.
-pub fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> {
+pub fn read_weights(dir: &Path, load: &mut Load) -> Result<HashMap<String, Tensor>, EngineError> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| EngineError::Load {
             path: dir.display().to_string(),
@@ -96,11 +97,17 @@ pub fn read_weights(dir: &Path) -> Result<HashMap<String, Tensor>, EngineError> 
         });
     }
     let mut map = HashMap::new();
-    for (i, f) in files.iter().enumerate() {
-        tracing::info!(shard = i + 1, of = files.len(), file = %f.display(), "loading weights");
-        for (name, t) in Tensor::read_safetensors(f)? {
-            map.insert(name, t);
-        }
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| f.metadata().map_or(0, |m| m.len()))
+        .collect();
+    load.plan(files.len(), sizes.iter().sum());
+    for (i, (f, &size)) in files.iter().zip(&sizes).enumerate() {
+        load.start_file(f, i + 1, size);
+        let tensors = Tensor::read_safetensors(f)?;
+        load.advance(size, tensors.len());
+        map.extend(tensors);
+        load.finish_file();
     }
     Ok(map)
 }

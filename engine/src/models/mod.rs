@@ -23,6 +23,7 @@ use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::batch::{SeqInput, StepBatch};
 use crate::layers::weights::{Weights, read_weights};
+use crate::progress::Load;
 
 /// Builds a family's model from its config and weights.
 type LoadFn = fn(ModelConfig, &mut Weights, Backend) -> Result<Box<dyn Model>, EngineError>;
@@ -162,13 +163,17 @@ pub trait Model: Send {
 /// file (dequantized to `kind` on load) into the family its architecture
 /// names.
 pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, EngineError> {
+    let mut progress = Load::begin();
     let (cfg, map) = if crate::gguf::is_gguf(path) {
         let file = crate::gguf::GgufFile::open(path)?;
         let cfg = crate::gguf::model::config(&file)?;
-        let map = crate::gguf::model::weights(&file, &cfg)?;
+        let map = crate::gguf::model::weights(&file, &cfg, &mut progress)?;
         (cfg, map)
     } else {
-        (ModelConfig::from_dir(path)?, read_weights(path)?)
+        (
+            ModelConfig::from_dir(path)?,
+            read_weights(path, &mut progress)?,
+        )
     };
     check_supported(&cfg.architecture, None)?;
     let Some(&(arch, load)) = FAMILIES.iter().find(|f| f.0 == cfg.architecture) else {
@@ -179,6 +184,7 @@ pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, E
     let mut w = Weights::new(map, device, kind);
     let model = load(cfg, &mut w, backend)?;
     w.finish(arch)?;
+    progress.finish(device);
     let c = model.config();
     tracing::info!(
         architecture = %c.architecture,

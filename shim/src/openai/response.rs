@@ -201,31 +201,37 @@ pub struct AssistantMessage {
 }
 
 /// A tool call in a response: `{"id", "type": "function", "function":
-/// {"name", "arguments"}}`; in a stream chunk also `index`.
+/// {"name", "arguments"}}`; in a stream chunk also `index`, and a call's
+/// later fragments there carry only `index` and more `function.arguments`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolCallOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
-    pub id: String,
-    #[serde(rename = "type")]
-    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
     pub function: FunctionOut,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct FunctionOut {
-    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub arguments: String,
 }
 
 impl ToolCallOut {
+    /// A whole call, or (`streamed`) a fragment of one: the first fragment
+    /// of a call is the one with an id.
     pub fn from_delta(c: &gyre_api::v1::ToolCallDelta, streamed: bool) -> Self {
+        let first = !streamed || !c.id.is_empty();
         Self {
             index: streamed.then_some(c.index),
-            id: c.id.clone(),
-            kind: "function",
+            id: first.then(|| c.id.clone()),
+            kind: first.then_some("function"),
             function: FunctionOut {
-                name: c.name.clone(),
+                name: first.then(|| c.name.clone()),
                 arguments: c.arguments.clone(),
             },
         }

@@ -16,7 +16,7 @@ use crate::openai::response::{
 };
 use crate::routes::models::default_model;
 use crate::sse::{self, ChunkFormat, json_event};
-use crate::upstream::Merged;
+use crate::upstream::{Finish, Merged};
 use gyre_api::v1::TokenLogprob;
 
 /// The handler.
@@ -50,24 +50,25 @@ pub async fn create(
         return Ok(sse::response(generation, n, annotations, format));
     }
     let out = generation.collect(n).await?;
+    let reasoning = out.choices.iter().map(|c| c.reasoning.clone()).collect();
     let choices = out
         .choices
         .into_iter()
-        .zip(out.tool_calls)
-        .map(|((text, reason, lps), calls)| {
-            let calls = calls
+        .map(|c| {
+            let calls = c
+                .tool_calls
                 .iter()
                 .map(|c| ToolCallOut::from_delta(c, false))
                 .collect();
             (
-                text,
-                reason,
-                want_logprobs.then(|| chat_logprobs(&lps)),
+                c.text,
+                c.finish.as_str(),
+                want_logprobs.then(|| chat_logprobs(&c.logprobs)),
                 calls,
             )
         })
         .collect();
-    let completion = ChatCompletion::new(meta, choices, out.usage).with_reasoning(out.reasoning);
+    let completion = ChatCompletion::new(meta, choices, out.usage).with_reasoning(reasoning);
     Ok(Json(completion).into_response())
 }
 
@@ -156,8 +157,8 @@ impl ChunkFormat for ChatChunks {
         .unwrap_or_default()
     }
 
-    fn finish(&self, index: u32, reason: &'static str) -> Event {
-        self.chunk(index, ChunkDelta::default(), None, Some(reason))
+    fn finish(&self, index: u32, reason: Finish) -> Event {
+        self.chunk(index, ChunkDelta::default(), None, Some(reason.as_str()))
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {

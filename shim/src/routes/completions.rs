@@ -14,7 +14,7 @@ use crate::extract::JsonObject;
 use crate::openai::response::{Meta, TextChoice, TextCompletion, TextLogprobs, Usage};
 use crate::routes::models::default_model;
 use crate::sse::{self, ChunkFormat, json_event};
-use crate::upstream::Merged;
+use crate::upstream::{Finish, Merged};
 use gyre_api::v1::{PromptEcho, TokenLogprob};
 
 const OBJECT: &str = "text_completion";
@@ -61,23 +61,22 @@ pub async fn create(
     let texts: Vec<String> = out
         .choices
         .iter()
-        .zip(&out.echoes)
-        .map(|((text, _, _), echo)| match echo {
-            Some(e) if mode.echo => format!("{}{text}", e.text),
-            _ => text.clone(),
+        .map(|c| match &c.echo {
+            Some(e) if mode.echo => format!("{}{}", e.text, c.text),
+            _ => c.text.clone(),
         })
         .collect();
     let completion = TextCompletion {
         meta: &meta,
         object: OBJECT,
         choices: (0u32..)
-            .zip(out.choices.iter().zip(&out.echoes).zip(&texts))
-            .map(|(index, (((_, reason, lps), echo), text))| {
+            .zip(out.choices.iter().zip(&texts))
+            .map(|(index, (c, text))| {
                 let logprobs = want_logprobs.then(|| {
-                    let (first, prompt) = prompt_listing(echo.as_ref());
-                    TextLogprobs::default().listing(first, prompt.iter().chain(lps))
+                    let (first, prompt) = prompt_listing(c.echo.as_ref());
+                    TextLogprobs::default().listing(first, prompt.iter().chain(&c.logprobs))
                 });
-                choice(index, text, logprobs, Some(reason))
+                choice(index, text, logprobs, Some(c.finish.as_str()))
             })
             .collect(),
         usage: Some(Some(out.usage)),
@@ -169,8 +168,8 @@ impl ChunkFormat for TextChunks {
         Some(self.chunk(vec![choice(index, &echo.text, logprobs, None)], None))
     }
 
-    fn finish(&self, index: u32, reason: &'static str) -> Event {
-        self.chunk(vec![choice(index, "", None, Some(reason))], None)
+    fn finish(&self, index: u32, reason: Finish) -> Event {
+        self.chunk(vec![choice(index, "", None, Some(reason.as_str()))], None)
     }
 
     fn usage(&self, usage: Usage) -> Option<Event> {

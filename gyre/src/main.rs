@@ -1,4 +1,6 @@
-//! The `gyre` binary.
+//! The `gyre` binary: a crate of its own over the service and the shim (so
+//! the service library does not depend on the shim), with the libtorch link
+//! settings in its `build.rs`.
 //!
 //! - `gyre serve`: the gRPC service and the OpenAI-compatible HTTP shim in one
 //!   process (the shim reaches the service over gRPC on loopback, exactly as a
@@ -7,15 +9,17 @@
 //!
 //! Every flag is also an environment variable (`GYRE_*`).
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal as _, Write};
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
+use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
+use gyre_service::resolve;
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::serve_grpc;
+use gyre_service::server::grpc_service;
+use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -32,7 +36,7 @@ struct Cli {
         value_enum,
         default_value_t
     )]
-    log_format: gyre_shim::logging::LogFormat,
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -60,17 +64,24 @@ enum Command {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// A GGUF file (llama architecture, GPT-2 style tokenizer), or a
+    /// A GGUF file (llama architecture, GPT-2 style tokenizer), a
     /// HuggingFace model directory (config.json, *.safetensors,
-    /// tokenizer.json, ...). Default: SmolLM2-135M-Instruct, linked there by
+    /// tokenizer.json, ...), or a hub id (`org/name`) already in the local
+    /// HuggingFace cache (HF_HUB_CACHE, else HF_HOME/hub, else
+    /// ~/.cache/huggingface/hub; nothing is downloaded). An existing path
+    /// wins over a hub id. Default: SmolLM2-135M-Instruct, linked there by
     /// `make setup`.
     #[arg(
         long,
         env = "GYRE_MODEL",
         default_value = ".gyre/models/smollm2-135m-instruct.gguf"
     )]
-    model: PathBuf,
-    /// Model id clients use (default: the directory's name, or the GGUF file's without `.gguf`).
+    model: String,
+    /// For a hub id: the branch, tag or commit to serve (default: main).
+    #[arg(long, env = "GYRE_REVISION")]
+    revision: Option<String>,
+    /// Model id clients use (default: the hub id; for a path, the
+    /// directory's name, or the GGUF file's without `.gguf`).
     #[arg(long, env = "GYRE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
     /// Where to run the model.
@@ -205,14 +216,29 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
+async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<ModelRuntime>> {
     let device = match args.device {
         Device::Auto => DeviceChoice::Auto,
         Device::Cpu => DeviceChoice::Cpu,
         Device::Cuda => DeviceChoice::Cuda,
     };
-    let mut opts = gyre_engine::EngineOptions::new(&args.model);
+    let cache = resolve::hub_cache_dir();
+    let resolved = resolve::resolve(&args.model, args.revision.as_deref(), &cache)?;
+    if let Some(hub) = &resolved.hub {
+        tracing::info!(
+            model = %hub.repo_id,
+            revision = %hub.revision,
+            commit = %hub.commit,
+            path = %resolved.path.display(),
+            "model found in the HuggingFace cache"
+        );
+    }
+    let served_name = args
+        .served_model_name
+        .or_else(|| resolved.hub.map(|h| h.repo_id));
+    let mut opts = gyre_engine::EngineOptions::new(resolved.path);
     opts.device = device;
+    opts.load_progress = Some(load_progress(log_format));
     opts.kv_cache_bytes = args.engine.kv_cache_mib << 20;
     opts.num_blocks = args.engine.num_kv_blocks;
     opts.block_size = args.engine.block_size;
@@ -234,9 +260,18 @@ async fn load(args: ModelArgs) -> anyhow::Result<Arc<ModelRuntime>> {
         reasoning_parser: args.reasoning_parser,
     };
     let rt =
-        tokio::task::spawn_blocking(move || ModelRuntime::load(opts, args.served_model_name, text))
-            .await??;
+        tokio::task::spawn_blocking(move || ModelRuntime::load(opts, served_name, text)).await??;
     Ok(Arc::new(rt))
+}
+
+/// How weight loading shows progress: a bar redrawn in place when text
+/// logs go to a terminal (as `logging` colours them), log lines otherwise.
+fn load_progress(format: LogFormat) -> Arc<dyn LoadProgress> {
+    if format == LogFormat::Text && std::io::stderr().is_terminal() {
+        Arc::new(TerminalBar::new())
+    } else {
+        Arc::new(LogLines)
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -326,7 +361,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
-    let runtime = load(model).await?;
+    let runtime = load(model, cli.log_format).await?;
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
@@ -355,11 +390,10 @@ async fn run() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
     let grpc_local = grpc_listener.local_addr()?;
-    let grpc_task = tokio::spawn(serve_grpc(
+    let grpc_routes = grpc_service(vec![runtime], grpc.api_key.clone(), drain_rx).await?;
+    let grpc_task = tokio::spawn(gyre_shim::conn::serve(
         grpc_listener,
-        vec![runtime],
-        grpc.api_key.clone(),
-        drain_rx,
+        grpc_routes,
         limits,
         shutdown_signal(stop_rx.clone()),
     ));
@@ -387,7 +421,7 @@ async fn run() -> anyhow::Result<()> {
         }
         None => None,
     };
-    grpc_task.await??;
+    grpc_task.await?;
     if let Some(t) = http_task {
         t.await??;
     }
