@@ -275,7 +275,7 @@ fn real_gemma3_tensors_match_the_gguf_package() {
 fn real_gemma3_gguf_is_refused_naming_its_architecture() {
     let m = spm_manifest();
     let path = PathBuf::from(m["gemma3"].as_str().expect("gguf path"));
-    let Err(e) = gyre_engine::load_model(&path, gyre_engine::DeviceChoice::Cpu) else {
+    let Err(e) = gyre_engine::internals::load_model(&path, gyre_engine::DeviceChoice::Cpu) else {
         panic!("the Gemma 3 GGUF loaded, but the engine has no Gemma 3 family yet");
     };
     let e = e.to_string();

@@ -1,17 +1,36 @@
 //! Rotary position embeddings: the tables of one rope configuration
-//! (default, `linear`, `llama3`; partial rotary as the rotated width), and
-//! their application to query and key heads, as transformers computes them.
+//! (default, `linear`, `llama3`, Phi-3's `longrope`; partial rotary as the
+//! rotated width), and their application to query and key heads, as
+//! transformers computes them.
+//!
+//! Longrope keeps two tables, short and long factors, and picks one per
+//! sequence and step as transformers picks one per forward call: the long
+//! table when the sequence's last position in the step is at or beyond
+//! `original_max_position_embeddings`, else the short one, for all of the
+//! step's new tokens of that sequence. Keys already in the cache keep the
+//! rotation they were stored with, as in transformers' KV cache. A prompt
+//! prefilled whole and decoded a token a step (the usual case) is therefore
+//! rotated exactly as `generate` rotates it; a prompt that crosses the
+//! boundary and is prefilled in several chunks (or recomputed after a
+//! preemption, or partly taken from the prefix cache) has its earlier
+//! chunks rotated with the short factors, where transformers' single
+//! forward would use the long ones for the whole prompt.
 
 use tch::{Device, Kind, Tensor};
 
+use super::batch::StepBatch;
 use crate::EngineError;
-use crate::config::RopeScaling;
+use crate::config::{LongRopeScaling, RopeScaling};
 
-/// cos/sin tables [max_positions, rot_dim] (float32) of one rope setting.
+/// cos/sin tables [max_positions, rot_dim] (float32) of one rope setting;
+/// for longrope, [2 * max_positions, rot_dim]: the short table, then the long.
 pub(crate) struct Rope {
     cos: Tensor,
     sin: Tensor,
     rot_dim: i64,
+    /// Longrope: `original_max_position_embeddings` and the long table's
+    /// first row.
+    long: Option<(i64, i64)>,
 }
 
 /// The tables at one step's positions, [N, 1, rot_dim].
@@ -31,20 +50,63 @@ impl Rope {
         max_positions: i64,
         device: Device,
     ) -> Result<Self, EngineError> {
-        if rot_dim <= 0 || rot_dim % 2 != 0 {
-            return Err(EngineError::Unsupported(format!(
-                "rotary dimension {rot_dim} (must be even and positive)"
-            )));
+        check_rot_dim(rot_dim)?;
+        if let RopeScaling::LongRope(_) = scaling {
+            // Only families that switch tables per step (`at_step`) take it.
+            return Err(EngineError::Unsupported(
+                "rope scaling type \"longrope\" in this family".into(),
+            ));
         }
         let inv = inv_freq(theta, scaling, rot_dim)?;
-        let t = Tensor::f_arange(max_positions, (Kind::Float, Device::Cpu))?;
-        let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
-        let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+        let (cos, sin) = tables(&inv, max_positions, 1.0)?;
         Ok(Self {
-            cos: emb.f_cos()?.f_to_device(device)?,
-            sin: emb.f_sin()?.f_to_device(device)?,
+            cos: cos.f_to_device(device)?,
+            sin: sin.f_to_device(device)?,
             rot_dim,
+            long: None,
         })
+    }
+
+    /// Tables for `scaling`, which may be longrope (read per step with
+    /// [`Rope::at_step`]).
+    pub fn with_longrope(
+        theta: f64,
+        scaling: &RopeScaling,
+        rot_dim: i64,
+        max_positions: i64,
+        device: Device,
+    ) -> Result<Self, EngineError> {
+        let RopeScaling::LongRope(s) = scaling else {
+            return Self::new(theta, scaling, rot_dim, max_positions, device);
+        };
+        check_rot_dim(rot_dim)?;
+        let short = longrope_inv_freq(theta, &s.short_factor, rot_dim, "short_factor")?;
+        let long = longrope_inv_freq(theta, &s.long_factor, rot_dim, "long_factor")?;
+        let (cs, ss) = tables(&short, max_positions, s.attention_factor)?;
+        let (cl, sl) = tables(&long, max_positions, s.attention_factor)?;
+        Ok(Self {
+            cos: Tensor::f_cat(&[cs, cl], 0)?.f_to_device(device)?,
+            sin: Tensor::f_cat(&[ss, sl], 0)?.f_to_device(device)?,
+            rot_dim,
+            long: Some((s.original_max_position_embeddings, max_positions)),
+        })
+    }
+
+    /// The tables at the positions of a step's tokens; with longrope, each
+    /// sequence's tokens read the long table when its last position in the
+    /// step is at or beyond the original maximum (see the module comment).
+    pub fn at_step(&self, batch: &StepBatch) -> Result<RopeAt, EngineError> {
+        let Some((original, offset)) = self.long else {
+            return self.at(&batch.pos);
+        };
+        let mut rows = Vec::with_capacity(batch.n as usize);
+        for s in &batch.seqs {
+            let end = s.start + s.len as i64;
+            let base = if end > original { offset } else { 0 };
+            rows.extend((s.start..end).map(|p| p + base));
+        }
+        let rows = Tensor::from_slice(&rows).f_to_device(batch.pos.device())?;
+        self.at(&rows)
     }
 
     /// The tables at positions `pos` ([N], int64 on the model's device).
@@ -71,6 +133,51 @@ impl RopeAt {
     }
 }
 
+fn check_rot_dim(rot_dim: i64) -> Result<(), EngineError> {
+    if rot_dim <= 0 || rot_dim % 2 != 0 {
+        return Err(EngineError::Unsupported(format!(
+            "rotary dimension {rot_dim} (must be even and positive)"
+        )));
+    }
+    Ok(())
+}
+
+/// cos and sin [max_positions, rot_dim] of inverse frequencies `inv`,
+/// times `scale` (transformers' `attention_scaling`) when it is not 1.
+fn tables(inv: &Tensor, max_positions: i64, scale: f64) -> Result<(Tensor, Tensor), EngineError> {
+    let t = Tensor::f_arange(max_positions, (Kind::Float, Device::Cpu))?;
+    let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
+    let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+    let (cos, sin) = (emb.f_cos()?, emb.f_sin()?);
+    if scale == 1.0 {
+        return Ok((cos, sin));
+    }
+    Ok((cos.f_mul_scalar(scale)?, sin.f_mul_scalar(scale)?))
+}
+
+/// Longrope's inverse frequencies for one factor list, as transformers:
+/// `1 / (factors * theta ** (arange(0, dim, 2) / dim))` in float32.
+fn longrope_inv_freq(
+    theta: f64,
+    factors: &[f64],
+    dim: i64,
+    name: &str,
+) -> Result<Tensor, EngineError> {
+    if factors.len() as i64 != dim / 2 {
+        return Err(EngineError::Unsupported(format!(
+            "longrope {name} of {} values for {dim} rotary dimensions (needs {})",
+            factors.len(),
+            dim / 2
+        )));
+    }
+    let exponent = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(dim as f64)?;
+    let ext = Tensor::from_slice(factors).f_to_kind(Kind::Float)?;
+    let base = Tensor::from(theta as f32).f_pow(&exponent)?;
+    Ok(ext.f_mul(&base)?.f_reciprocal()?)
+}
+
 fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineError> {
     let half = x.size()[2] / 2;
     let x1 = x.f_narrow(2, 0, half)?;
@@ -93,6 +200,11 @@ fn inv_freq(theta: f64, scaling: &RopeScaling, dim: i64) -> Result<Tensor, Engin
         RopeScaling::None => return Ok(inv),
         RopeScaling::Linear { factor } => return Ok(inv.f_div_scalar(*factor)?),
         RopeScaling::Llama3(s) => s,
+        RopeScaling::LongRope(LongRopeScaling { .. }) => {
+            return Err(EngineError::Unsupported(
+                "rope scaling type \"longrope\" without its tables".into(),
+            ));
+        }
     };
     let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
     let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;

@@ -6,8 +6,11 @@
 //! file here plus one line in [`FAMILIES`].
 
 mod llama;
+mod mixtral;
+mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use std::path::Path;
 
@@ -31,6 +34,9 @@ const FAMILIES: &[(&str, LoadFn)] = &[
     ("MistralForCausalLM", llama::load),
     ("Qwen2ForCausalLM", qwen2::load),
     ("Qwen3ForCausalLM", qwen3::load),
+    ("Phi3ForCausalLM", phi3::load),
+    ("MixtralForCausalLM", mixtral::load),
+    ("Qwen3MoeForCausalLM", qwen3_moe::load),
 ];
 
 /// Architectures this engine implements.
