@@ -18,7 +18,9 @@ from conftest import MODELS
 GREEDY_TOKENS = 32
 # Every family the fixtures have: the shared models plus Qwen3 and a Mistral
 # whose sliding window (24) is shorter than its prompt.
-FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw")
+FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw",
+            # Phi-3 (window), Phi-4-mini style (longrope, partial rotary), the MoE families
+            "tiny-phi3", "tiny-phi4", "tiny-mixtral", "tiny-qwen3-moe")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
