@@ -119,3 +119,80 @@ impl SparseMoe {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use tch::{Device, Kind, Tensor};
+
+    use super::*;
+
+    /// 4 experts (hidden 8, intermediate 6) with per-expert hub names.
+    fn moe(norm_topk: bool) -> (SparseMoe, HashMap<String, Tensor>) {
+        tch::manual_seed(11);
+        let mut map = HashMap::new();
+        let r = |s: &[i64]| Tensor::randn(s, (Kind::Float, Device::Cpu));
+        map.insert("m.gate.weight".to_string(), r(&[4, 8]));
+        for e in 0..4 {
+            map.insert(format!("m.experts.{e}.w1.weight"), r(&[6, 8]));
+            map.insert(format!("m.experts.{e}.w3.weight"), r(&[6, 8]));
+            map.insert(format!("m.experts.{e}.w2.weight"), r(&[8, 6]));
+        }
+        let copy: HashMap<String, Tensor> =
+            map.iter().map(|(k, v)| (k.clone(), v.copy())).collect();
+        let be = Backend::new(Device::Cpu, Kind::Float).expect("backend");
+        let mut w = Weights::new(map, Device::Cpu, Kind::Float);
+        let m = SparseMoe::load(
+            &mut w,
+            "m.",
+            "gate",
+            ["w1", "w3", "w2"],
+            4,
+            2,
+            norm_topk,
+            Act::Silu,
+            &be,
+        )
+        .expect("moe");
+        (m, copy)
+    }
+
+    /// Every expert on every token, weighted by the top-2 routing weights
+    /// (zero for the others): what the sparse block must equal.
+    fn dense(x: &Tensor, w: &HashMap<String, Tensor>, norm_topk: bool) -> Tensor {
+        let probs = x.matmul(&w["m.gate.weight"].tr()).softmax(-1, Kind::Float);
+        let (mut top, idx) = probs.topk(2, -1, true, true);
+        if norm_topk {
+            top = &top / top.sum_dim_intlist(-1, true, Kind::Float);
+        }
+        let full = probs.zeros_like().scatter(1, &idx, &top);
+        let mut out = x.zeros_like();
+        for e in 0..4 {
+            let g = x
+                .matmul(&w[&format!("m.experts.{e}.w1.weight")].tr())
+                .silu();
+            let u = x.matmul(&w[&format!("m.experts.{e}.w3.weight")].tr());
+            let y = (g * u).matmul(&w[&format!("m.experts.{e}.w2.weight")].tr());
+            out += y * full.narrow(1, e, 1);
+        }
+        out
+    }
+
+    #[test]
+    fn sparse_experts_equal_the_dense_weighted_sum() {
+        let be = Backend::new(Device::Cpu, Kind::Float).expect("backend");
+        for norm_topk in [true, false] {
+            let (m, w) = moe(norm_topk);
+            let x = Tensor::randn([9, 8], (Kind::Float, Device::Cpu));
+            let got = m.forward(&x, &be).expect("forward");
+            let want = dense(&x, &w, norm_topk);
+            let diff = (got - &want).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "norm_topk {norm_topk}: {diff}");
+            // A token's output does not depend on the others in the batch.
+            let alone = m.forward(&x.narrow(0, 4, 1), &be).expect("forward");
+            let diff = (alone - want.narrow(0, 4, 1)).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "alone: {diff}");
+        }
+    }
+}

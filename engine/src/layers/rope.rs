@@ -99,12 +99,8 @@ impl Rope {
         let Some((original, offset)) = self.long else {
             return self.at(&batch.pos);
         };
-        let mut rows = Vec::with_capacity(batch.n as usize);
-        for s in &batch.seqs {
-            let end = s.start + s.len as i64;
-            let base = if end > original { offset } else { 0 };
-            rows.extend((s.start..end).map(|p| p + base));
-        }
+        let spans: Vec<(i64, i64)> = batch.seqs.iter().map(|s| (s.start, s.len as i64)).collect();
+        let rows = longrope_rows(&spans, original, offset);
         let rows = Tensor::from_slice(&rows).f_to_device(batch.pos.device())?;
         self.at(&rows)
     }
@@ -131,6 +127,20 @@ impl RopeAt {
         let pass = x.f_narrow(2, self.rot_dim, hd - self.rot_dim)?;
         Ok(Tensor::f_cat(&[rot, pass], 2)?)
     }
+}
+
+/// Table rows of each (start, len) span's positions: the long table (rows
+/// from `offset`) for a span whose length so far, `start + len`, exceeds
+/// `original` (transformers' `max(position_ids) + 1 > original`), else the
+/// short one.
+fn longrope_rows(spans: &[(i64, i64)], original: i64, offset: i64) -> Vec<i64> {
+    let mut rows = Vec::new();
+    for &(start, len) in spans {
+        let end = start + len;
+        let base = if end > original { offset } else { 0 };
+        rows.extend((start..end).map(|p| p + base));
+    }
+    rows
 }
 
 fn check_rot_dim(rot_dim: i64) -> Result<(), EngineError> {
@@ -249,6 +259,40 @@ mod tests {
         assert!(diff.double_value(&[]) < 1e-5, "cos differs by {diff}");
         let diff = (lin.cos.get(5) - plain.cos.get(5)).abs().max();
         assert!(diff.double_value(&[]) > 1e-3, "scaling changed nothing");
+    }
+
+    /// Longrope reads the long table for every new token of a sequence
+    /// whose last position in the step reaches the original length, and
+    /// the short table otherwise, wherever the step starts.
+    #[test]
+    fn longrope_switches_per_sequence_at_the_original_length() {
+        let rows = longrope_rows(&[(0, 3), (62, 3), (63, 1), (64, 1)], 64, 1000);
+        assert_eq!(rows, [0, 1, 2, 1062, 1063, 1064, 63, 1064]);
+    }
+
+    /// Longrope tables: short and long factors divide the frequencies, and
+    /// both tables are scaled by the attention factor.
+    #[test]
+    fn longrope_tables_scale_frequencies_and_amplitude() {
+        let s = crate::config::LongRopeScaling {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 8,
+            attention_factor: 1.5,
+        };
+        let r = Rope::with_longrope(10_000.0, &RopeScaling::LongRope(s), 4, 16, Device::Cpu)
+            .expect("rope");
+        let inv = |f: f64, i: i32| 1.0 / (f * 10_000f64.powf(f64::from(i) * 2.0 / 4.0));
+        for (row, factors) in [(5i64, [1.0, 2.0]), (16 + 5, [4.0, 8.0])] {
+            for (i, f) in factors.iter().enumerate() {
+                let want = 1.5 * (5.0 * inv(*f, i as i32)).cos();
+                let got = r.cos.double_value(&[row, i as i64]);
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "row {row} dim {i}: {got} vs {want}"
+                );
+            }
+        }
     }
 
     /// Partial rotary rotates the first dimensions like a full rope of that
