@@ -17,8 +17,11 @@ from conftest import MODELS
 
 GREEDY_TOKENS = 32
 # Every family the fixtures have: the shared models plus Qwen3, a Mistral
-# whose sliding window (24) is shorter than its prompt, Gemma 3 and Gemma 2.
-FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw", "tiny-gemma3", "tiny-gemma2")
+# whose sliding window (24) is shorter than its prompt, Gemma 3 and Gemma 2,
+# Phi-3 (window), Phi-4-mini style (longrope, partial rotary) and the MoE
+# families.
+FAMILIES = (*MODELS, "tiny-qwen3", "tiny-mistral-sw", "tiny-gemma3", "tiny-gemma2",
+            "tiny-phi3", "tiny-phi4", "tiny-mixtral", "tiny-qwen3-moe")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

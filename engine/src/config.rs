@@ -22,6 +22,20 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: f64,
 }
 
+/// Rope scaling as in Phi-3 (`rope_type: "longrope"`, formerly `su`): one
+/// rescaling factor per rotary frequency, `short_factor` for sequences up
+/// to `original_max_position_embeddings` and `long_factor` beyond, and
+/// cos/sin multiplied by `attention_factor`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongRopeScaling {
+    pub short_factor: Vec<f64>,
+    pub long_factor: Vec<f64>,
+    pub original_max_position_embeddings: i64,
+    /// `attention_factor`, or as transformers derives it from `factor`
+    /// (else `max_position_embeddings / original_max_position_embeddings`).
+    pub attention_factor: f64,
+}
+
 /// How rotary frequencies are scaled (`rope_scaling.rope_type`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
@@ -31,6 +45,8 @@ pub enum RopeScaling {
     Linear { factor: f64 },
     /// `llama3`: Llama 3.1's frequency-dependent scaling.
     Llama3(Llama3Scaling),
+    /// `longrope`: Phi-3's short and long per-frequency factors.
+    LongRope(LongRopeScaling),
 }
 
 /// The hyperparameters of a decoder-only model, as far as they are common
@@ -179,7 +195,7 @@ impl ModelConfig {
             .rope_theta
             .or_else(|| raw.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
             .unwrap_or(10_000.0);
-        let rope_scaling = parse_scaling(dir, rope)?;
+        let rope_scaling = parse_scaling(dir, rope, &value, raw.max_position_embeddings)?;
         let mut eos = ids(&gen_cfg.eos_token_id);
         if eos.is_empty() {
             eos = ids(&raw.eos_token_id);
@@ -224,7 +240,12 @@ impl ModelConfig {
     }
 }
 
-fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<RopeScaling, EngineError> {
+fn parse_scaling(
+    dir: &Path,
+    v: Option<&Value>,
+    config: &Value,
+    max_positions: i64,
+) -> Result<RopeScaling, EngineError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };
@@ -254,8 +275,53 @@ fn parse_scaling(dir: &Path, v: Option<&Value>) -> Result<RopeScaling, EngineErr
                 original_max_position_embeddings: f("original_max_position_embeddings")?,
             }))
         }
+        "longrope" | "su" => parse_longrope(dir, v, config, max_positions),
         other => Err(EngineError::Unsupported(format!(
-            "rope scaling type {other:?} (supported: default, linear, llama3)"
+            "rope scaling type {other:?} (supported: default, linear, llama3, longrope)"
         ))),
     }
+}
+
+/// Reads `longrope` scaling as transformers' `_compute_longrope_parameters`
+/// does: `original_max_position_embeddings` from the rope settings or the
+/// top level of config.json, the attention factor given or derived from
+/// `factor` (or the ratio of the two maximum lengths).
+fn parse_longrope(
+    dir: &Path,
+    v: &Value,
+    config: &Value,
+    max_positions: i64,
+) -> Result<RopeScaling, EngineError> {
+    let factors = |k: &str| -> Result<Vec<f64>, EngineError> {
+        v.get(k)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| load_err(dir, format!("rope scaling longrope needs {k} (numbers)")))
+    };
+    let original = v
+        .get("original_max_position_embeddings")
+        .or_else(|| config.get("original_max_position_embeddings"))
+        .and_then(Value::as_i64)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            load_err(
+                dir,
+                "rope scaling longrope needs original_max_position_embeddings",
+            )
+        })?;
+    let factor = v
+        .get("factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match v.get("attention_factor").and_then(Value::as_f64) {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope(LongRopeScaling {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
 }

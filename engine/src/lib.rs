@@ -429,7 +429,7 @@ impl Engine {
 pub mod internals {
     use std::path::Path;
 
-    pub use crate::config::{Llama3Scaling, ModelConfig, RopeScaling};
+    pub use crate::config::{Llama3Scaling, LongRopeScaling, ModelConfig, RopeScaling};
     pub use crate::kv::KvPool;
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};

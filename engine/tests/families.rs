@@ -60,6 +60,10 @@ fn every_fixture_family_loads() {
         ("tiny-qwen3", "Qwen3ForCausalLM"),
         ("tiny-gemma3", "Gemma3ForCausalLM"),
         ("tiny-gemma2", "Gemma2ForCausalLM"),
+        ("tiny-phi3", "Phi3ForCausalLM"),
+        ("tiny-phi4", "Phi3ForCausalLM"),
+        ("tiny-mixtral", "MixtralForCausalLM"),
+        ("tiny-qwen3-moe", "Qwen3MoeForCausalLM"),
     ] {
         let m = load_model(&fixture(name), DeviceChoice::Cpu).expect("loads");
         assert_eq!(m.config().architecture, arch);
@@ -130,6 +134,42 @@ fn gemma_config_fields_they_do_not_implement_are_named() {
         }),
         ("tiny-gemma3", "chunked_attention", |c| {
             c["layer_types"][1] = "chunked_attention".into();
+        }),
+    ];
+    for (name, field, edit) in cases {
+        let e = load_error(&variant(name, field, edit));
+        assert!(e.contains(field), "{name} with {field}: {e}");
+    }
+}
+
+/// The Phi-3 and mixture-of-experts families refuse, naming it, what they
+/// do not implement: longrope in a family that does not switch its tables,
+/// factor lists that do not fit the rotary width, an unknown rope type,
+/// Qwen3-MoE's sliding window, routing to more experts than there are.
+#[test]
+fn phi_and_moe_config_fields_they_do_not_implement_are_named() {
+    let cases: [(&str, &str, Edit); 6] = [
+        ("tiny-llama", "longrope", |c| {
+            let ones = vec![1.0f64; 8];
+            c["rope_scaling"] = serde_json::json!({"rope_type": "longrope",
+                "short_factor": ones, "long_factor": ones,
+                "original_max_position_embeddings": 64});
+        }),
+        ("tiny-phi4", "short_factor", |c| {
+            c["rope_scaling"]["short_factor"] = serde_json::json!([1.0, 2.0]);
+        }),
+        ("tiny-phi3", "dynamic", |c| {
+            c["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0});
+        }),
+        ("tiny-qwen3-moe", "use_sliding_window", |c| {
+            c["use_sliding_window"] = true.into();
+            c["sliding_window"] = 8.into();
+        }),
+        ("tiny-mixtral", "5 of 4 experts", |c| {
+            c["num_experts_per_tok"] = 5.into();
+        }),
+        ("tiny-qwen3-moe", "num_experts 0", |c| {
+            c["num_experts"] = 0.into()
         }),
     ];
     for (name, field, edit) in cases {

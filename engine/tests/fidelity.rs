@@ -1,7 +1,8 @@
 //! Numerical fidelity against HuggingFace transformers on the same weights.
 //!
 //! `tests/fixtures/make_models.py` builds tiny random-weight Llama, Mistral,
-//! Qwen2, Qwen3, sliding-window Mistral, Gemma 3 and Gemma 2 models and records transformers'
+//! Qwen2, Qwen3, sliding-window Mistral, Gemma 3, Gemma 2, Phi-3,
+//! Phi-4-mini-style, Mixtral and Qwen3-MoE models and records transformers'
 //! float32 logits for a prompt and its greedy 32-token continuation
 //! (`golden.json`). Here gyre must match: every logit within 1e-4, and the
 //! greedy continuation token for token, run directly, through the batching
@@ -14,7 +15,7 @@ use gyre_engine::internals::load_model;
 use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use serde_json::Value;
 
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 11] = [
     "tiny-llama",
     "tiny-mistral",
     "tiny-qwen2",
@@ -22,6 +23,12 @@ const MODELS: [&str; 7] = [
     "tiny-mistral-sw",
     "tiny-gemma3",
     "tiny-gemma2",
+    // Phi-3 (sliding window), Phi-4-mini style (longrope, partial rotary),
+    // and the mixture-of-experts families.
+    "tiny-phi3",
+    "tiny-phi4",
+    "tiny-mixtral",
+    "tiny-qwen3-moe",
 ];
 const TOLERANCE: f64 = 1e-4;
 
@@ -230,4 +237,33 @@ fn chunked_preempted_and_prefix_cached_runs_match_transformers() {
         });
         println!("{name}: chunked, preempted and prefix-cached runs identical to transformers");
     }
+}
+
+/// Longrope past the original maximum length: a prompt longer than
+/// `original_max_position_embeddings`, run in one forward as transformers
+/// runs it, is rotated with the long factors; its last logits match
+/// transformers' (the golden prompt, shorter, tests the short factors).
+#[test]
+fn longrope_long_factors_match_transformers() {
+    let _guard = tch::no_grad_guard();
+    let (dir, g) = golden("tiny-phi4");
+    let model = load_model(&dir, DeviceChoice::Cpu).expect("model loads");
+    let prompt = ids(&g["long_prompt_ids"]);
+    let ours = model.score(&prompt).expect("forward");
+    let tail = g["long_logits_tail"].as_array().expect("tail rows");
+    let mut max_diff = 0f64;
+    for (i, trow) in tail.iter().enumerate() {
+        let row = ours.get(ours.size()[0] - tail.len() as i64 + i as i64);
+        let row: Vec<f32> = Vec::<f32>::try_from(&row).expect("row");
+        let trow = trow.as_array().expect("row");
+        assert_eq!(row.len(), trow.len());
+        for (a, b) in row.iter().zip(trow) {
+            max_diff = max_diff.max((*a as f64 - b.as_f64().expect("f")).abs());
+        }
+    }
+    println!("tiny-phi4 long prompt: max |logit diff| = {max_diff:.3e}");
+    assert!(
+        max_diff <= TOLERANCE,
+        "long factors: {max_diff} > {TOLERANCE}"
+    );
 }

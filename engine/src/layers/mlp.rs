@@ -65,6 +65,24 @@ impl GatedMlp {
         })
     }
 
+    /// From a stacked `gate_up` weight [2 * inter, hidden] (gate rows
+    /// first, as Phi-3's `gate_up_proj` and MoE experts store it) and a
+    /// `down` weight [hidden, inter].
+    pub fn fused(
+        gate_up: Tensor,
+        down: Tensor,
+        act: Act,
+        be: &Backend,
+    ) -> Result<Self, EngineError> {
+        let inter = gate_up.size()[0] / 2;
+        Ok(Self {
+            gate_up: Linear::new(gate_up, None, be)?,
+            down: Linear::new(down, None, be)?,
+            inter,
+            act,
+        })
+    }
+
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
         let gu = self.gate_up.forward(x, be)?;
         let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;

@@ -8,6 +8,7 @@ pub(crate) mod attention;
 pub(crate) mod batch;
 pub(crate) mod linear;
 pub(crate) mod mlp;
+pub(crate) mod moe;
 pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod weights;

@@ -1,17 +1,36 @@
 //! Rotary position embeddings: the tables of one rope configuration
-//! (default, `linear`, `llama3`; partial rotary as the rotated width), and
-//! their application to query and key heads, as transformers computes them.
+//! (default, `linear`, `llama3`, Phi-3's `longrope`; partial rotary as the
+//! rotated width), and their application to query and key heads, as
+//! transformers computes them.
+//!
+//! Longrope keeps two tables, short and long factors, and picks one per
+//! sequence and step as transformers picks one per forward call: the long
+//! table when the sequence's last position in the step is at or beyond
+//! `original_max_position_embeddings`, else the short one, for all of the
+//! step's new tokens of that sequence. Keys already in the cache keep the
+//! rotation they were stored with, as in transformers' KV cache. A prompt
+//! prefilled whole and decoded a token a step (the usual case) is therefore
+//! rotated exactly as `generate` rotates it; a prompt that crosses the
+//! boundary and is prefilled in several chunks (or recomputed after a
+//! preemption, or partly taken from the prefix cache) has its earlier
+//! chunks rotated with the short factors, where transformers' single
+//! forward would use the long ones for the whole prompt.
 
 use tch::{Device, Kind, Tensor};
 
+use super::batch::StepBatch;
 use crate::EngineError;
-use crate::config::RopeScaling;
+use crate::config::{LongRopeScaling, RopeScaling};
 
-/// cos/sin tables [max_positions, rot_dim] (float32) of one rope setting.
+/// cos/sin tables [max_positions, rot_dim] (float32) of one rope setting;
+/// for longrope, [2 * max_positions, rot_dim]: the short table, then the long.
 pub(crate) struct Rope {
     cos: Tensor,
     sin: Tensor,
     rot_dim: i64,
+    /// Longrope: `original_max_position_embeddings` and the long table's
+    /// first row.
+    long: Option<(i64, i64)>,
 }
 
 /// The tables at one step's positions, [N, 1, rot_dim].
@@ -31,20 +50,59 @@ impl Rope {
         max_positions: i64,
         device: Device,
     ) -> Result<Self, EngineError> {
-        if rot_dim <= 0 || rot_dim % 2 != 0 {
-            return Err(EngineError::Unsupported(format!(
-                "rotary dimension {rot_dim} (must be even and positive)"
-            )));
+        check_rot_dim(rot_dim)?;
+        if let RopeScaling::LongRope(_) = scaling {
+            // Only families that switch tables per step (`at_step`) take it.
+            return Err(EngineError::Unsupported(
+                "rope scaling type \"longrope\" in this family".into(),
+            ));
         }
         let inv = inv_freq(theta, scaling, rot_dim)?;
-        let t = Tensor::f_arange(max_positions, (Kind::Float, Device::Cpu))?;
-        let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
-        let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+        let (cos, sin) = tables(&inv, max_positions, 1.0)?;
         Ok(Self {
-            cos: emb.f_cos()?.f_to_device(device)?,
-            sin: emb.f_sin()?.f_to_device(device)?,
+            cos: cos.f_to_device(device)?,
+            sin: sin.f_to_device(device)?,
             rot_dim,
+            long: None,
         })
+    }
+
+    /// Tables for `scaling`, which may be longrope (read per step with
+    /// [`Rope::at_step`]).
+    pub fn with_longrope(
+        theta: f64,
+        scaling: &RopeScaling,
+        rot_dim: i64,
+        max_positions: i64,
+        device: Device,
+    ) -> Result<Self, EngineError> {
+        let RopeScaling::LongRope(s) = scaling else {
+            return Self::new(theta, scaling, rot_dim, max_positions, device);
+        };
+        check_rot_dim(rot_dim)?;
+        let short = longrope_inv_freq(theta, &s.short_factor, rot_dim, "short_factor")?;
+        let long = longrope_inv_freq(theta, &s.long_factor, rot_dim, "long_factor")?;
+        let (cs, ss) = tables(&short, max_positions, s.attention_factor)?;
+        let (cl, sl) = tables(&long, max_positions, s.attention_factor)?;
+        Ok(Self {
+            cos: Tensor::f_cat(&[cs, cl], 0)?.f_to_device(device)?,
+            sin: Tensor::f_cat(&[ss, sl], 0)?.f_to_device(device)?,
+            rot_dim,
+            long: Some((s.original_max_position_embeddings, max_positions)),
+        })
+    }
+
+    /// The tables at the positions of a step's tokens; with longrope, each
+    /// sequence's tokens read the long table when its last position in the
+    /// step is at or beyond the original maximum (see the module comment).
+    pub fn at_step(&self, batch: &StepBatch) -> Result<RopeAt, EngineError> {
+        let Some((original, offset)) = self.long else {
+            return self.at(&batch.pos);
+        };
+        let spans: Vec<(i64, i64)> = batch.seqs.iter().map(|s| (s.start, s.len as i64)).collect();
+        let rows = longrope_rows(&spans, original, offset);
+        let rows = Tensor::from_slice(&rows).f_to_device(batch.pos.device())?;
+        self.at(&rows)
     }
 
     /// The tables at positions `pos` ([N], int64 on the model's device).
@@ -71,6 +129,65 @@ impl RopeAt {
     }
 }
 
+/// Table rows of each (start, len) span's positions: the long table (rows
+/// from `offset`) for a span whose length so far, `start + len`, exceeds
+/// `original` (transformers' `max(position_ids) + 1 > original`), else the
+/// short one.
+fn longrope_rows(spans: &[(i64, i64)], original: i64, offset: i64) -> Vec<i64> {
+    let mut rows = Vec::new();
+    for &(start, len) in spans {
+        let end = start + len;
+        let base = if end > original { offset } else { 0 };
+        rows.extend((start..end).map(|p| p + base));
+    }
+    rows
+}
+
+fn check_rot_dim(rot_dim: i64) -> Result<(), EngineError> {
+    if rot_dim <= 0 || rot_dim % 2 != 0 {
+        return Err(EngineError::Unsupported(format!(
+            "rotary dimension {rot_dim} (must be even and positive)"
+        )));
+    }
+    Ok(())
+}
+
+/// cos and sin [max_positions, rot_dim] of inverse frequencies `inv`,
+/// times `scale` (transformers' `attention_scaling`) when it is not 1.
+fn tables(inv: &Tensor, max_positions: i64, scale: f64) -> Result<(Tensor, Tensor), EngineError> {
+    let t = Tensor::f_arange(max_positions, (Kind::Float, Device::Cpu))?;
+    let freqs = t.f_unsqueeze(1)?.f_mul(&inv.f_unsqueeze(0)?)?;
+    let emb = Tensor::f_cat(&[&freqs, &freqs], 1)?;
+    let (cos, sin) = (emb.f_cos()?, emb.f_sin()?);
+    if scale == 1.0 {
+        return Ok((cos, sin));
+    }
+    Ok((cos.f_mul_scalar(scale)?, sin.f_mul_scalar(scale)?))
+}
+
+/// Longrope's inverse frequencies for one factor list, as transformers:
+/// `1 / (factors * theta ** (arange(0, dim, 2) / dim))` in float32.
+fn longrope_inv_freq(
+    theta: f64,
+    factors: &[f64],
+    dim: i64,
+    name: &str,
+) -> Result<Tensor, EngineError> {
+    if factors.len() as i64 != dim / 2 {
+        return Err(EngineError::Unsupported(format!(
+            "longrope {name} of {} values for {dim} rotary dimensions (needs {})",
+            factors.len(),
+            dim / 2
+        )));
+    }
+    let exponent = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, Device::Cpu))?
+        .f_to_kind(Kind::Float)?
+        .f_div_scalar(dim as f64)?;
+    let ext = Tensor::from_slice(factors).f_to_kind(Kind::Float)?;
+    let base = Tensor::from(theta as f32).f_pow(&exponent)?;
+    Ok(ext.f_mul(&base)?.f_reciprocal()?)
+}
+
 fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineError> {
     let half = x.size()[2] / 2;
     let x1 = x.f_narrow(2, 0, half)?;
@@ -93,6 +210,11 @@ fn inv_freq(theta: f64, scaling: &RopeScaling, dim: i64) -> Result<Tensor, Engin
         RopeScaling::None => return Ok(inv),
         RopeScaling::Linear { factor } => return Ok(inv.f_div_scalar(*factor)?),
         RopeScaling::Llama3(s) => s,
+        RopeScaling::LongRope(LongRopeScaling { .. }) => {
+            return Err(EngineError::Unsupported(
+                "rope scaling type \"longrope\" without its tables".into(),
+            ));
+        }
     };
     let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
     let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
@@ -137,6 +259,40 @@ mod tests {
         assert!(diff.double_value(&[]) < 1e-5, "cos differs by {diff}");
         let diff = (lin.cos.get(5) - plain.cos.get(5)).abs().max();
         assert!(diff.double_value(&[]) > 1e-3, "scaling changed nothing");
+    }
+
+    /// Longrope reads the long table for every new token of a sequence
+    /// whose last position in the step reaches the original length, and
+    /// the short table otherwise, wherever the step starts.
+    #[test]
+    fn longrope_switches_per_sequence_at_the_original_length() {
+        let rows = longrope_rows(&[(0, 3), (62, 3), (63, 1), (64, 1)], 64, 1000);
+        assert_eq!(rows, [0, 1, 2, 1062, 1063, 1064, 63, 1064]);
+    }
+
+    /// Longrope tables: short and long factors divide the frequencies, and
+    /// both tables are scaled by the attention factor.
+    #[test]
+    fn longrope_tables_scale_frequencies_and_amplitude() {
+        let s = crate::config::LongRopeScaling {
+            short_factor: vec![1.0, 2.0],
+            long_factor: vec![4.0, 8.0],
+            original_max_position_embeddings: 8,
+            attention_factor: 1.5,
+        };
+        let r = Rope::with_longrope(10_000.0, &RopeScaling::LongRope(s), 4, 16, Device::Cpu)
+            .expect("rope");
+        let inv = |f: f64, i: i32| 1.0 / (f * 10_000f64.powf(f64::from(i) * 2.0 / 4.0));
+        for (row, factors) in [(5i64, [1.0, 2.0]), (16 + 5, [4.0, 8.0])] {
+            for (i, f) in factors.iter().enumerate() {
+                let want = 1.5 * (5.0 * inv(*f, i as i32)).cos();
+                let got = r.cos.double_value(&[row, i as i64]);
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "row {row} dim {i}: {got} vs {want}"
+                );
+            }
+        }
     }
 
     /// Partial rotary rotates the first dimensions like a full rope of that

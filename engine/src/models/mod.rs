@@ -8,8 +8,11 @@
 mod gemma2;
 mod gemma3;
 mod llama;
+mod mixtral;
+mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 
 use std::path::Path;
 
@@ -36,6 +39,9 @@ const FAMILIES: &[(&str, LoadFn)] = &[
     ("Qwen3ForCausalLM", qwen3::load),
     ("Gemma2ForCausalLM", gemma2::load),
     ("Gemma3ForCausalLM", gemma3::load),
+    ("Phi3ForCausalLM", phi3::load),
+    ("MixtralForCausalLM", mixtral::load),
+    ("Qwen3MoeForCausalLM", qwen3_moe::load),
 ];
 
 /// Architectures this engine implements.
