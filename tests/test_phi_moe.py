@@ -1,12 +1,14 @@
-"""Phi-3 / Phi-4-mini and the mixture-of-experts families (Mixtral,
-Qwen3-MoE) chat end to end through the official OpenAI SDK.
+"""Phi-3 / Phi-4-mini, the mixture-of-experts families (Mixtral,
+Qwen3-MoE) and Gemma 3 / Gemma 2 chat end to end through the official
+OpenAI SDK.
 
 Each tiny fixture's golden.json holds transformers' greedy answer
 (`generate`, EOS disabled) to a system + user chat rendered with the
 model's own chat template (`chat_prompt_ids`, `chat_greedy_text`). gyre,
 started with `gyre serve --model <dir>`, must render the same prompt and
 answer the same text, streamed and not. The Phi fixtures carry the real
-Phi-3 chat template and tokenizer from tests/data.
+Phi-3 chat template and tokenizer from tests/data, tiny-gemma3 the real
+Gemma 3 chat template.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 import harness
 
-CHAT_MODELS = ("tiny-phi3", "tiny-phi4", "tiny-mixtral", "tiny-qwen3-moe")
+CHAT_MODELS = ("tiny-phi3", "tiny-phi4", "tiny-mixtral", "tiny-qwen3-moe", "tiny-gemma3", "tiny-gemma2")
 
 
 @pytest.fixture(scope="module", params=CHAT_MODELS)
