@@ -9,13 +9,12 @@
 
 use tch::Tensor;
 
+use super::stack::{Decoder, Layer};
 use super::{Model, field, refuse, require_full_rotary, require_layer_types};
 use crate::EngineError;
 use crate::config::ModelConfig;
-use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
-use crate::layers::batch::StepBatch;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::Act;
 use crate::layers::moe::SparseMoe;
@@ -124,7 +123,7 @@ struct DecoderLayer {
     moe: SparseMoe,
 }
 
-impl DecoderLayer {
+impl Layer for DecoderLayer {
     fn forward(
         &self,
         x: &Tensor,
@@ -136,16 +135,6 @@ impl DecoderLayer {
         let h = self.post_attention_layernorm.forward(&x)?;
         Ok(x.f_add(&self.moe.forward(&h, s.be)?)?)
     }
-}
-
-struct Mixtral {
-    cfg: ModelConfig,
-    be: Backend,
-    embed_tokens: Tensor,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Linear,
-    rope: Rope,
 }
 
 pub(super) fn load(
@@ -194,7 +183,7 @@ pub(super) fn load(
         cfg.max_position_embeddings,
         be.device,
     )?;
-    Ok(Box::new(Mixtral {
+    Ok(Box::new(Decoder {
         cfg,
         be,
         embed_tokens,
@@ -203,37 +192,4 @@ pub(super) fn load(
         lm_head,
         rope,
     }))
-}
-
-impl Model for Mixtral {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn backend(&self) -> &Backend {
-        &self.be
-    }
-
-    fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
-        let rope = self.rope.at(&batch.pos)?;
-        let mut x = self.embed_tokens.f_index_select(0, &batch.ids)?;
-        for (layer, l) in self.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", layer).entered();
-            let mut s = LayerStep {
-                batch,
-                be: &self.be,
-                pool: &mut *pool,
-                layer,
-            };
-            x = l.forward(&x, &rope, &mut s)?;
-        }
-        self.norm.forward(&x)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
-        Ok(self
-            .lm_head
-            .forward(hidden, &self.be)?
-            .f_to_kind(tch::Kind::Float)?)
-    }
 }

@@ -13,6 +13,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 mod qwen3_moe;
+mod stack;
 
 use std::path::Path;
 

@@ -7,13 +7,12 @@
 
 use tch::Tensor;
 
+use super::stack::{Decoder, Layer};
 use super::{Model, field, require_layer_types};
 use crate::EngineError;
 use crate::config::ModelConfig;
-use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
-use crate::layers::batch::StepBatch;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::RmsNorm;
@@ -107,7 +106,7 @@ struct DecoderLayer {
     mlp: GatedMlp,
 }
 
-impl DecoderLayer {
+impl Layer for DecoderLayer {
     fn forward(
         &self,
         x: &Tensor,
@@ -119,16 +118,6 @@ impl DecoderLayer {
         let h = self.post_attention_layernorm.forward(&x)?;
         Ok(x.f_add(&self.mlp.forward(&h, s.be)?)?)
     }
-}
-
-struct Phi3 {
-    cfg: ModelConfig,
-    be: Backend,
-    embed_tokens: Tensor,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Linear,
-    rope: Rope,
 }
 
 pub(super) fn load(
@@ -166,7 +155,7 @@ pub(super) fn load(
         cfg.max_position_embeddings,
         be.device,
     )?;
-    Ok(Box::new(Phi3 {
+    Ok(Box::new(Decoder {
         cfg,
         be,
         embed_tokens,
@@ -175,37 +164,4 @@ pub(super) fn load(
         lm_head,
         rope,
     }))
-}
-
-impl Model for Phi3 {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn backend(&self) -> &Backend {
-        &self.be
-    }
-
-    fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
-        let rope = self.rope.at_step(batch)?;
-        let mut x = self.embed_tokens.f_index_select(0, &batch.ids)?;
-        for (layer, l) in self.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", layer).entered();
-            let mut s = LayerStep {
-                batch,
-                be: &self.be,
-                pool: &mut *pool,
-                layer,
-            };
-            x = l.forward(&x, &rope, &mut s)?;
-        }
-        self.norm.forward(&x)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
-        Ok(self
-            .lm_head
-            .forward(hidden, &self.be)?
-            .f_to_kind(tch::Kind::Float)?)
-    }
 }

@@ -10,13 +10,12 @@
 use serde_json::Value;
 use tch::Tensor;
 
+use super::stack::{Decoder, Layer};
 use super::{Model, field, flag, refuse, require_full_rotary, require_layer_types};
 use crate::EngineError;
 use crate::config::ModelConfig;
-use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
-use crate::layers::batch::StepBatch;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::moe::SparseMoe;
@@ -164,7 +163,7 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
-impl DecoderLayer {
+impl Layer for DecoderLayer {
     fn forward(
         &self,
         x: &Tensor,
@@ -180,16 +179,6 @@ impl DecoderLayer {
         };
         Ok(x.f_add(&m)?)
     }
-}
-
-struct Qwen3Moe {
-    cfg: ModelConfig,
-    be: Backend,
-    embed_tokens: Tensor,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Linear,
-    rope: Rope,
 }
 
 pub(super) fn load(
@@ -243,7 +232,7 @@ pub(super) fn load(
         cfg.max_position_embeddings,
         be.device,
     )?;
-    Ok(Box::new(Qwen3Moe {
+    Ok(Box::new(Decoder {
         cfg,
         be,
         embed_tokens,
@@ -252,37 +241,4 @@ pub(super) fn load(
         lm_head,
         rope,
     }))
-}
-
-impl Model for Qwen3Moe {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn backend(&self) -> &Backend {
-        &self.be
-    }
-
-    fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
-        let rope = self.rope.at(&batch.pos)?;
-        let mut x = self.embed_tokens.f_index_select(0, &batch.ids)?;
-        for (layer, l) in self.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", layer).entered();
-            let mut s = LayerStep {
-                batch,
-                be: &self.be,
-                pool: &mut *pool,
-                layer,
-            };
-            x = l.forward(&x, &rope, &mut s)?;
-        }
-        self.norm.forward(&x)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
-        Ok(self
-            .lm_head
-            .forward(hidden, &self.be)?
-            .f_to_kind(tch::Kind::Float)?)
-    }
 }
