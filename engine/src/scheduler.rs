@@ -25,6 +25,9 @@ pub(crate) struct SeqState {
     /// Hashes of the leading full blocks already indexed for reuse.
     pub hashes: Vec<u64>,
     pub salt: String,
+    /// The model's KV regime for the sequence's length (`Model::kv_regime`);
+    /// part of `salt` when not 0.
+    pub kv_regime: u8,
     /// Prompt tokens found in the prefix cache at first admission.
     pub cached_tokens: usize,
     pub admitted_once: bool,
@@ -40,6 +43,7 @@ impl SeqState {
             blocks: Vec::new(),
             hashes: Vec::new(),
             salt,
+            kv_regime: 0,
             cached_tokens: 0,
             admitted_once: false,
         }

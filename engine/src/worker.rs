@@ -271,6 +271,7 @@ impl Worker {
                 self.accept(cmd);
             }
             self.reap_cancelled();
+            self.switch_kv_regimes();
             let plan = self.sched.schedule(&mut self.running, &mut self.waiting);
             if plan.runs.is_empty() {
                 // Cannot happen with validated requests; never spin on it.
@@ -306,7 +307,8 @@ impl Worker {
                     Some(_) => format!("\u{0}prompt-logprobs-{id}\u{0}{}", req.cache_salt),
                     None => req.cache_salt.clone(),
                 };
-                let seq = SeqState::new(id, req.priority, req.prompt.clone(), salt);
+                let mut seq = SeqState::new(id, req.priority, req.prompt.clone(), salt);
+                set_kv_regime(&mut seq, self.model.kv_regime(req.prompt.len()));
                 self.waiting.push(seq);
                 // Choice i samples with seed + i: choices differ, each reproducible.
                 let sampler_for = |i: u64| {
@@ -358,6 +360,26 @@ impl Worker {
         }
     }
 
+    /// Sends a running sequence whose KV regime changed with its length
+    /// (longrope past its original maximum) back to wait, its cache
+    /// released, to be recomputed in the new regime, as transformers drops
+    /// its cache at that point.
+    fn switch_kv_regimes(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let regime = self.model.kv_regime(self.running[i].tokens.len());
+            if regime == self.running[i].kv_regime {
+                i += 1;
+                continue;
+            }
+            let mut s = self.running.remove(i);
+            tracing::debug!(seq = s.id, regime, "KV regime changed; recomputing");
+            self.sched.free(&mut s);
+            set_kv_regime(&mut s, regime);
+            self.waiting.push(s);
+        }
+    }
+
     fn fail(&mut self, id: u64, e: EngineError) {
         if let Some(g) = self.gens.remove(&id) {
             if g.queued {
@@ -404,6 +426,7 @@ impl Worker {
                 tokens: &s.tokens[s.computed..s.computed + n],
                 start: s.computed as i64,
                 block_table: &s.blocks,
+                seq_len: s.tokens.len(),
             });
             row += n as i64;
             if s.computed + n == s.tokens.len() {
@@ -452,6 +475,7 @@ impl Worker {
                     blocks: s.blocks.clone(),
                     hashes: s.hashes.clone(),
                     salt: s.salt.clone(),
+                    kv_regime: s.kv_regime,
                     cached_tokens: s.cached_tokens,
                     admitted_once: true,
                 };
@@ -608,5 +632,15 @@ impl Worker {
             st.steps_total += 1;
         }
         let _ = self.stats_tx.send(st.clone());
+    }
+}
+
+/// Puts `s` in KV regime `regime` (regimes only grow with the length):
+/// its salt gains the regime, so keys and values computed in another
+/// regime never match its blocks in the prefix cache.
+fn set_kv_regime(s: &mut SeqState, regime: u8) {
+    if regime != s.kv_regime {
+        s.salt = format!("{}\u{0}kv-regime-{regime}", s.salt);
+        s.kv_regime = regime;
     }
 }

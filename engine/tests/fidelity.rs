@@ -267,3 +267,82 @@ fn longrope_long_factors_match_transformers() {
         "long factors: {max_diff} > {TOLERANCE}"
     );
 }
+
+/// Longrope across the original maximum length, through the engine: a
+/// prompt longer than it (long factors throughout) and a shorter one whose
+/// continuation grows past it (transformers then recomputes the whole
+/// sequence with the long factors) give transformers' greedy tokens run
+/// plainly, prefilled in chunks of 10 under a pool too small for three at
+/// once (so some are preempted and recomputed), and again from the prefix
+/// cache. The shorter prompt is the longer one's start, so the prefix
+/// cache holds its tokens in the other regime: it must not reuse them.
+#[test]
+fn longrope_continuations_match_transformers_through_the_engine() {
+    let name = "tiny-phi4";
+    let (dir, g) = golden(name);
+    let cases: Vec<(&str, Vec<u32>, Vec<u32>)> = ["long", "cross"]
+        .into_iter()
+        .map(|k| {
+            (
+                k,
+                ids(&g[format!("{k}_greedy_prompt_ids")]),
+                ids(&g[format!("{k}_greedy_ids")]),
+            )
+        })
+        .collect();
+    let request = |prompt: &[u32], n: usize| GenerateRequest {
+        sampling: Sampling {
+            temperature: 0.0,
+            ..Sampling::default()
+        },
+        ignore_eos: true,
+        ..GenerateRequest::new(prompt.to_vec(), n as u32)
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut opts = EngineOptions::new(&dir);
+    opts.device = DeviceChoice::Cpu;
+    let plain = Engine::start(opts).expect("engine starts");
+    rt.block_on(async {
+        for (key, prompt, want) in &cases {
+            let rx = plain.submit(request(prompt, want.len())).expect("submit");
+            assert_eq!(&tokens_of(name, rx).await.0, want, "{key}: plain run");
+        }
+    });
+    drop(plain);
+    let most = cases
+        .iter()
+        .map(|c| c.1.len() + c.2.len())
+        .max()
+        .unwrap_or(0);
+    let per_request = most.div_ceil(16);
+    let mut opts = EngineOptions::new(&dir);
+    opts.device = DeviceChoice::Cpu;
+    opts.token_budget = 10;
+    opts.num_blocks = Some(per_request + per_request / 2 + 1);
+    let engine = Engine::start(opts).expect("engine starts");
+    rt.block_on(async {
+        for (key, prompt, want) in &cases {
+            let rxs: Vec<_> = (0..3)
+                .map(|_| engine.submit(request(prompt, want.len())).expect("submit"))
+                .collect();
+            for rx in rxs {
+                assert_eq!(&tokens_of(name, rx).await.0, want, "{key}: under pressure");
+            }
+        }
+        let stats = engine.wait_stats(|s| s.running == 0).await;
+        assert!(stats.preemptions_total > 0, "nothing was preempted");
+        for (key, prompt, want) in &cases {
+            let rx = engine.submit(request(prompt, want.len())).expect("submit");
+            let (again, cached) = tokens_of(name, rx).await;
+            assert!(cached > 0, "{key}: the prompt did not come from the cache");
+            assert_eq!(&again, want, "{key}: from the prefix cache");
+        }
+    });
+    println!(
+        "{name}: longrope continuations past the original length identical to transformers \
+         (plain, chunked, preempted, prefix-cached)"
+    );
+}

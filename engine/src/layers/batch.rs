@@ -20,6 +20,10 @@ pub struct SeqInput<'a> {
     pub start: i64,
     /// The sequence's blocks, covering at least `start + tokens.len()` positions.
     pub block_table: &'a [BlockId],
+    /// The sequence's whole length: every token it has, computed or not
+    /// (for a prompt's chunk, the whole prompt). Longrope rotates all of a
+    /// sequence with the table for this length (see `Model::kv_regime`).
+    pub seq_len: usize,
 }
 
 /// Where one sequence sits in the step.
@@ -32,6 +36,8 @@ pub(crate) struct SeqSpan {
     pub start: i64,
     /// Pool slots of all its positions `0..start + len`.
     pub slots: Vec<i64>,
+    /// The sequence's whole length (`SeqInput::seq_len`).
+    pub seq_len: usize,
 }
 
 /// Opaque outside the engine: families read it, the model trait builds it.
@@ -75,6 +81,7 @@ impl StepBatch {
                 len: s.tokens.len(),
                 start: s.start,
                 slots: pool.slots(s.block_table, 0, end),
+                seq_len: s.seq_len.max(end as usize),
             });
             ids.extend(s.tokens.iter().map(|&t| t as i64));
             pos.extend(s.start..end);

@@ -3,18 +3,17 @@
 //! rotated width), and their application to query and key heads, as
 //! transformers computes them.
 //!
-//! Longrope keeps two tables, short and long factors, and picks one per
-//! sequence and step as transformers picks one per forward call: the long
-//! table when the sequence's last position in the step is at or beyond
-//! `original_max_position_embeddings`, else the short one, for all of the
-//! step's new tokens of that sequence. Keys already in the cache keep the
-//! rotation they were stored with, as in transformers' KV cache. A prompt
-//! prefilled whole and decoded a token a step (the usual case) is therefore
-//! rotated exactly as `generate` rotates it; a prompt that crosses the
-//! boundary and is prefilled in several chunks (or recomputed after a
-//! preemption, or partly taken from the prefix cache) has its earlier
-//! chunks rotated with the short factors, where transformers' single
-//! forward would use the long ones for the whole prompt.
+//! Longrope keeps two tables, short and long factors, and rotates a whole
+//! sequence with one of them, as transformers' Phi-3 does in `generate`:
+//! the short table while the sequence is at most
+//! `original_max_position_embeddings` tokens long, the long one beyond. A
+//! prompt longer than that is rotated with the long table throughout, in
+//! whatever chunks it is prefilled; a sequence that grows past it while
+//! decoding has its cache recomputed with the long table, as transformers
+//! drops its cache at that point (`prepare_inputs_for_generation`). The
+//! table is the model's KV regime (`Model::kv_regime`): the worker
+//! recomputes a sequence whose regime changed and keeps regimes apart in
+//! the prefix cache.
 
 use tch::{Device, Kind, Tensor};
 
@@ -93,16 +92,29 @@ impl Rope {
     }
 
     /// The tables at the positions of a step's tokens; with longrope, each
-    /// sequence's tokens read the long table when its last position in the
-    /// step is at or beyond the original maximum (see the module comment).
+    /// sequence's tokens read the table of its regime (see the module
+    /// comment).
     pub fn at_step(&self, batch: &StepBatch) -> Result<RopeAt, EngineError> {
         let Some((original, offset)) = self.long else {
             return self.at(&batch.pos);
         };
-        let spans: Vec<(i64, i64)> = batch.seqs.iter().map(|s| (s.start, s.len as i64)).collect();
+        let spans: Vec<(i64, i64, usize)> = batch
+            .seqs
+            .iter()
+            .map(|s| (s.start, s.len as i64, s.seq_len))
+            .collect();
         let rows = longrope_rows(&spans, original, offset);
         let rows = Tensor::from_slice(&rows).f_to_device(batch.pos.device())?;
         self.at(&rows)
+    }
+
+    /// Which table a sequence of `seq_len` tokens is rotated with: 1 for
+    /// longrope's long table, else 0.
+    pub fn regime(&self, seq_len: usize) -> u8 {
+        match self.long {
+            Some((original, _)) if seq_len as i64 > original => 1,
+            _ => 0,
+        }
     }
 
     /// The tables at positions `pos` ([N], int64 on the model's device).
@@ -129,15 +141,15 @@ impl RopeAt {
     }
 }
 
-/// Table rows of each (start, len) span's positions: the long table (rows
-/// from `offset`) for a span whose length so far, `start + len`, exceeds
-/// `original` (transformers' `max(position_ids) + 1 > original`), else the
-/// short one.
-fn longrope_rows(spans: &[(i64, i64)], original: i64, offset: i64) -> Vec<i64> {
+/// Table rows of each (start, len, seq_len) span's positions: the long
+/// table (rows from `offset`) for a sequence longer than `original`
+/// (transformers' `max(position_ids) + 1 > original` over the whole
+/// sequence), else the short one.
+fn longrope_rows(spans: &[(i64, i64, usize)], original: i64, offset: i64) -> Vec<i64> {
     let mut rows = Vec::new();
-    for &(start, len) in spans {
+    for &(start, len, seq_len) in spans {
         let end = start + len;
-        let base = if end > original { offset } else { 0 };
+        let base = if seq_len as i64 > original { offset } else { 0 };
         rows.extend((start..end).map(|p| p + base));
     }
     rows
@@ -261,13 +273,14 @@ mod tests {
         assert!(diff.double_value(&[]) > 1e-3, "scaling changed nothing");
     }
 
-    /// Longrope reads the long table for every new token of a sequence
-    /// whose last position in the step reaches the original length, and
-    /// the short table otherwise, wherever the step starts.
+    /// Longrope reads the long table for every token of a sequence longer
+    /// than the original length, wherever its chunk starts and ends, and
+    /// the short table otherwise.
     #[test]
-    fn longrope_switches_per_sequence_at_the_original_length() {
-        let rows = longrope_rows(&[(0, 3), (62, 3), (63, 1), (64, 1)], 64, 1000);
-        assert_eq!(rows, [0, 1, 2, 1062, 1063, 1064, 63, 1064]);
+    fn longrope_picks_the_table_by_the_whole_sequence_length() {
+        let spans = [(0, 3, 3), (0, 3, 65), (62, 2, 64), (64, 1, 65), (10, 2, 80)];
+        let rows = longrope_rows(&spans, 64, 1000);
+        assert_eq!(rows, [0, 1, 2, 1000, 1001, 1002, 62, 63, 1064, 1010, 1011]);
     }
 
     /// Longrope tables: short and long factors divide the frequencies, and

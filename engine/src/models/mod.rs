@@ -101,6 +101,16 @@ pub trait Model: Send {
         }
     }
 
+    /// The KV regime of a sequence of `seq_len` tokens: the cached keys and
+    /// values of the same tokens differ between regimes (longrope rotates a
+    /// sequence longer than its original maximum with its long factors, 1;
+    /// else 0). The worker recomputes a sequence whose regime changes and
+    /// keeps regimes apart in the prefix cache. Always 0 for most families.
+    fn kv_regime(&self, seq_len: usize) -> u8 {
+        let _ = seq_len;
+        0
+    }
+
     fn device(&self) -> Device {
         self.backend().device
     }
@@ -128,6 +138,7 @@ pub trait Model: Send {
                 tokens,
                 start: 0,
                 block_table: &table,
+                seq_len: tokens.len(),
             }],
             &mut pool,
         )?;

@@ -64,6 +64,10 @@ impl<L: Layer> Model for Decoder<L> {
         self.norm.forward(&x)
     }
 
+    fn kv_regime(&self, seq_len: usize) -> u8 {
+        self.rope.regime(seq_len)
+    }
+
     fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
         Ok(self
             .lm_head
