@@ -6,7 +6,10 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/gyre/v1/generate.proto"];
+    let protos = [
+        "proto/gyre/v1/generate.proto",
+        "proto/gyre/v1/responses.proto",
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }
