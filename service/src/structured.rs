@@ -24,6 +24,7 @@ impl Grammars {
     /// vocabulary is the model's (ids past the tokenizer's are never allowed).
     pub fn load(tokenizer_json: &str, info: &ModelInfo) -> anyhow::Result<Self> {
         let tj: Value = serde_json::from_str(tokenizer_json)?;
+        check_byte_tokens(&tj)?;
         let mut words = gyre_engine::llguidance::token_bytes_from_tokenizer_json(&tj)?;
         let vocab = (info.vocab_size as usize).max(words.len());
         words.resize(vocab, Vec::new());
@@ -80,5 +81,67 @@ impl Grammars {
             ))
         })?;
         Ok(Some(Constraint::new(Matcher::new(Ok(parser)))))
+    }
+}
+
+/// Refuses a byte-fallback vocabulary with a token that looks like a byte
+/// token (`<0x..>`) but is not exactly `<0xHH>`: llguidance's reader
+/// asserts on such tokens, which would abort the server at load.
+fn check_byte_tokens(tj: &Value) -> anyhow::Result<()> {
+    let decoders = tj["decoder"]["decoders"].as_array();
+    let byte_fallback = tj["decoder"]["type"].as_str() == Some("Sequence")
+        && decoders.is_some_and(|d| d.iter().any(|d| d["type"] == "ByteFallback"));
+    let Some(vocab) = tj["model"]["vocab"].as_object().filter(|_| byte_fallback) else {
+        return Ok(());
+    };
+    let is_byte = |t: &str| {
+        t.len() == 6 && t.ends_with('>') && t[3..5].bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    match vocab.keys().find(|t| t.starts_with("<0x") && !is_byte(t)) {
+        Some(t) => anyhow::bail!(
+            "token {:?} looks like a byte token but is not one (<0xHH>)",
+            gyre_api::clip(t)
+        ),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn byte_fallback_tokenizer(extra: &str) -> Value {
+        json!({
+            "added_tokens": [],
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"}
+            ]},
+            "model": {"type": "BPE", "vocab": {"<0x41>": 0, "a": 1, (extra): 2}}
+        })
+    }
+
+    /// A token such as `<0x1234>` or `<0xZZ>` in a byte-fallback vocabulary
+    /// is an error (structured outputs off), not a panic at load.
+    #[test]
+    fn malformed_byte_tokens_are_an_error() {
+        let info = ModelInfo {
+            architecture: String::new(),
+            vocab_size: 3,
+            max_model_len: 16,
+            kv_capacity_tokens: 16,
+            eos_token_ids: vec![1],
+            bos_token_id: None,
+            default_sampling: Default::default(),
+            device: "cpu".into(),
+            dtype: "Float".into(),
+        };
+        for bad in ["<0x1234>", "<0xZZ>", "<0x4"] {
+            let tj = byte_fallback_tokenizer(bad).to_string();
+            let err = Grammars::load(&tj, &info).err().expect("refused");
+            assert!(err.to_string().contains("byte token"), "{bad}: {err}");
+        }
+        let ok = byte_fallback_tokenizer("b").to_string();
+        assert!(Grammars::load(&ok, &info).is_ok());
     }
 }
