@@ -87,59 +87,6 @@ impl KvPool {
         Ok(())
     }
 
-    /// Attention of queries ([len, heads, head_dim], at positions
-    /// `past..past + len`) over the keys and values at `slots` (all
-    /// `past + len` positions of the sequence). Returns [len, heads, head_dim].
-    pub fn attend(
-        &self,
-        layer: usize,
-        q: &Tensor,
-        slots: &Tensor,
-        past: i64,
-    ) -> Result<Tensor, EngineError> {
-        let len = q.size()[0];
-        let total = past + len;
-        let q = q.f_transpose(0, 1)?.f_unsqueeze(0)?;
-        let keys = self.k[layer]
-            .f_index_select(0, slots)?
-            .f_transpose(0, 1)?
-            .f_unsqueeze(0)?;
-        let vals = self.v[layer]
-            .f_index_select(0, slots)?
-            .f_transpose(0, 1)?
-            .f_unsqueeze(0)?;
-        let out = if len == 1 || past == 0 {
-            // One query sees everything; a fresh prompt is plainly causal.
-            Tensor::f_scaled_dot_product_attention::<Tensor>(
-                &q,
-                &keys,
-                &vals,
-                None,
-                0.0,
-                len > 1,
-                None,
-                true,
-            )?
-        } else {
-            // Query i (at position past + i) sees keys 0..=past + i.
-            let qi =
-                Tensor::f_arange_start(past, total, (Kind::Int64, q.device()))?.f_unsqueeze(1)?;
-            let kj = Tensor::f_arange(total, (Kind::Int64, q.device()))?.f_unsqueeze(0)?;
-            let mask = kj.f_le_tensor(&qi)?;
-            Tensor::f_scaled_dot_product_attention(
-                &q,
-                &keys,
-                &vals,
-                Some(&mask),
-                0.0,
-                false,
-                None,
-                true,
-            )?
-        };
-        Ok(out.f_squeeze_dim(0)?.f_transpose(0, 1)?)
-    }
-
     /// Copies block `src`'s contents into block `dst` in every layer (copy-on-write).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<(), EngineError> {
         let bs = self.block_size;

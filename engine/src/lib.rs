@@ -27,6 +27,7 @@ mod models;
 pub mod progress;
 mod sampler;
 mod scheduler;
+mod sequence;
 mod worker;
 
 use std::path::PathBuf;

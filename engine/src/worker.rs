@@ -18,9 +18,9 @@ use crate::layers::batch::SeqInput;
 use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
+use crate::sequence::{Gen, PROMPT_LP_ROWS, sample_next, send_logprobs, take_token};
 use crate::{
-    Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, FinishReason,
-    GenerateRequest, ModelInfo, Usage,
+    Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, ModelInfo, Usage,
 };
 
 /// The device and dtype: bf16 on CUDA, f32 on CPU.
@@ -33,94 +33,6 @@ pub(crate) fn pick_device(choice: DeviceChoice) -> Result<(Device, Kind), Engine
         _ => Err(EngineError::Unsupported(
             "CUDA was requested but libtorch sees no CUDA device".into(),
         )),
-    }
-}
-
-/// Generation state of a sequence (the scheduler keeps the rest).
-struct Gen {
-    req: GenerateRequest,
-    events: mpsc::UnboundedSender<Event>,
-    sampler: Sampler,
-    generated: u32,
-    eos: Vec<u32>,
-    /// Further choices (n > 1) to fork off once the prompt is prefilled.
-    forks: Vec<(mpsc::UnboundedSender<Event>, Sampler)>,
-    /// With `prompt_logprobs`: prompt positions whose next token's
-    /// log-probability was sent (kept across preemption, so none is sent twice).
-    prompt_lp_done: usize,
-    /// Not started yet: counted as waiting by admission.
-    queued: bool,
-}
-
-/// Rows of prompt positions converted to logits at once (bounds the memory
-/// of `prompt_logprobs` on a long prefill chunk).
-const PROMPT_LP_ROWS: usize = 64;
-
-/// Sends the token's log-probabilities first, when the request asked.
-fn send_logprobs(g: &Gen, row: &[f32], tok: u32) {
-    if let Some(k) = g.req.logprobs {
-        let lp = crate::sampler::logprobs(row, tok, k.min(crate::MAX_TOP_LOGPROBS) as usize);
-        let _ = g.events.send(Event::Logprobs(lp));
-    }
-}
-
-/// Samples the next token of `g` from its logits `row`, within its
-/// constraint if it has one.
-fn sample_next(g: &mut Gen, row: &[f32]) -> Result<u32, EngineError> {
-    let constrained = g.req.constraint.as_ref().is_some_and(|c| !c.is_free());
-    let (Some(c), true) = (g.req.constraint.as_mut(), constrained) else {
-        // Free text (or a reasoning section before its structure applies).
-        let suppress = suppressed(g);
-        let tok = g.sampler.sample(row, &suppress);
-        if let Some(c) = g.req.constraint.as_mut() {
-            c.consume(tok)
-                .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
-        }
-        return Ok(tok);
-    };
-    let mut masked = row.to_vec();
-    c.mask(&mut masked)
-        .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
-    let tok = g.sampler.sample(&masked, &[]);
-    c.consume(tok)
-        .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
-    Ok(tok)
-}
-
-/// Tokens that may not be sampled yet: EOS and stop ids before min_tokens.
-fn suppressed(g: &Gen) -> Vec<u32> {
-    if g.generated >= g.req.min_tokens {
-        return Vec::new();
-    }
-    g.eos.iter().chain(&g.req.stop_token_ids).copied().collect()
-}
-
-/// Hands a sampled token to its sequence. Returns how it ended, if it did
-/// (`None` inside: the client is gone, nothing to report).
-fn take_token(
-    g: &mut Gen,
-    s: &mut SeqState,
-    tok: u32,
-    max_len: usize,
-    stats: &mut EngineStats,
-) -> Option<Option<FinishReason>> {
-    if g.generated == 0 {
-        let cached_tokens = s.cached_tokens as u32;
-        let _ = g.events.send(Event::Prefilled { cached_tokens });
-    }
-    g.generated += 1;
-    stats.generated_tokens_total += 1;
-    if g.events.send(Event::Token(tok)).is_err() {
-        return Some(None);
-    }
-    let stop = (!g.req.ignore_eos && g.eos.contains(&tok)) || g.req.stop_token_ids.contains(&tok);
-    if stop {
-        Some(Some(FinishReason::Stop(tok)))
-    } else if g.generated >= g.req.max_tokens || s.tokens.len() + 1 >= max_len {
-        Some(Some(FinishReason::Length))
-    } else {
-        s.tokens.push(tok);
-        None
     }
 }
 
