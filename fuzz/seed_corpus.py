@@ -79,6 +79,9 @@ TOOL_OUTPUTS = {
     "llama3_text": (3, "  The answer is {not a call}"),
     "json_list": (4, ' [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "parameters": null}]'),
     "json_string_args": (4, '{"name": "a", "arguments": "{\\"x\\": 1}"}'),
+    "json_semicolons": (4, '{"name": "a", "arguments": {"s": "}{\\"]"}}; {"name": "b", "arguments": {}} tail'),
+    "mistral_unfinished": (1, '[TOOL_CALLS][{"name": "get", "arguments": {"q": ["a", {"b": "'),
+    "deepseek_unfinished": (2, '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{"city": "Os'),
 }
 
 # (parser index: think deepseek_r1 mistral, prompt opened the section, text)

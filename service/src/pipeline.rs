@@ -224,3 +224,7 @@ impl Pipeline {
 #[cfg(test)]
 #[path = "pipeline_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pipeline_tool_tests.rs"]
+mod tool_tests;

@@ -1,5 +1,10 @@
 //! Scanning a JSON value as it streams, to release a tool call's arguments
-//! text as it is generated: knows where the value ends without parsing it.
+//! text as it is generated: knows where the value ends without parsing it
+//! (`ValueScan`); and the arguments of the formats that write them as a
+//! bare value after the function's name (`RawArgs`: Mistral's
+//! `name[ARGS]{...}`, DeepSeek's `name<sep>{...}`).
+
+use super::CallPiece;
 
 /// Where a scan stands after some text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +27,14 @@ pub(super) struct ValueScan {
 }
 
 impl ValueScan {
+    /// A scan already inside one object (to find where it closes).
+    pub(super) fn inside() -> Self {
+        Self {
+            depth: 1,
+            ..Self::default()
+        }
+    }
+
     /// Scans more of the value (starting with its opening bracket).
     pub(super) fn push(&mut self, text: &str) -> Scan {
         for (i, c) in text.char_indices() {
@@ -48,6 +61,103 @@ impl ValueScan {
             }
         }
         Scan::More
+    }
+}
+
+/// Where a call's scan stands after some text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CallEnd {
+    /// The call goes on.
+    More,
+    /// The call ended; what follows it is left in the buffer.
+    Call,
+    /// The text is not a call (nothing of it was released).
+    NotCall,
+}
+
+/// Drops the whitespace `buf` starts with; returns its first other char.
+pub(super) fn skip_ws(buf: &mut String) -> Option<char> {
+    let ws = buf.len() - buf.trim_start().len();
+    buf.drain(..ws);
+    buf.chars().next()
+}
+
+/// A call's arguments written as a bare JSON value after its name. An object
+/// or array streams (the call begins at its opening bracket, and its text is
+/// released as it comes, up to the closing one); any other value is read
+/// whole up to the format's next marker and must be JSON.
+pub(super) struct RawArgs {
+    name: String,
+    state: Raw,
+}
+
+enum Raw {
+    /// Before the value (whitespace is skipped).
+    Start,
+    Stream(ValueScan),
+    Whole,
+}
+
+impl RawArgs {
+    pub(super) fn new(name: String) -> Self {
+        Self {
+            name,
+            state: Raw::Start,
+        }
+    }
+
+    /// Takes text from `buf` (which starts where the value may start);
+    /// `until`: the marker after a value that is not streamed; `end`: the
+    /// output ended.
+    pub(super) fn push(
+        &mut self,
+        buf: &mut String,
+        end: bool,
+        until: &str,
+        out: &mut Vec<CallPiece>,
+    ) -> CallEnd {
+        loop {
+            match &mut self.state {
+                Raw::Start => match skip_ws(buf) {
+                    None => return if end { CallEnd::NotCall } else { CallEnd::More },
+                    Some('{' | '[') => {
+                        out.push(CallPiece::Begin(std::mem::take(&mut self.name)));
+                        self.state = Raw::Stream(ValueScan::default());
+                    }
+                    Some(_) => self.state = Raw::Whole,
+                },
+                Raw::Stream(scan) => {
+                    let (n, done) = match scan.push(buf) {
+                        Scan::More => (buf.len(), false),
+                        Scan::Done(n) | Scan::Broken(n) => (n, true),
+                    };
+                    let args: String = buf.drain(..n).collect();
+                    if !args.is_empty() {
+                        out.push(CallPiece::Args(args));
+                    }
+                    return if done || end {
+                        CallEnd::Call
+                    } else {
+                        CallEnd::More
+                    };
+                }
+                Raw::Whole => {
+                    let at = match buf.find(until) {
+                        Some(at) => at,
+                        None if end => buf.len(),
+                        None => return CallEnd::More,
+                    };
+                    let value = buf[..at].trim();
+                    if serde_json::from_str::<serde_json::Value>(value).is_err() {
+                        return CallEnd::NotCall;
+                    }
+                    out.push(CallPiece::Begin(std::mem::take(&mut self.name)));
+                    out.push(CallPiece::Args(value.to_string()));
+                    buf.drain(..at);
+                    return CallEnd::Call;
+                }
+            }
+        }
     }
 }
 

@@ -2,16 +2,18 @@
 //! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number,
 //! text allowed before them.
 //!
-//! A call in that shape (name first, arguments an object or array) streams:
-//! once its name and the arguments' first bracket are in, the call begins,
-//! and the arguments' text is released as it comes, up to the bracket that
-//! closes them (what follows, to `</tool_call>`, is dropped). Its arguments
+//! A call in that shape (name first, arguments an object or array) streams
+//! as every JSON call object does (`object`): once its name and the
+//! arguments' first bracket are in, the call begins, and the arguments' text
+//! is released as it comes, up to the bracket that closes them (what
+//! follows, to `</tool_call>`, is dropped). Its arguments
 //! are then exactly the text the model wrote, even when the output ends
 //! before they close. A call in any other shape is parsed whole at
 //! `</tool_call>` (or at the end of the output), and stays content, markup
 //! included, when it does not parse.
 
 use super::args::{Scan, ValueScan};
+use super::object::{Header, header};
 use super::{CallPiece, Parsed, ToolParser, parse_call_object, whole};
 use crate::holdback;
 
@@ -40,73 +42,6 @@ pub(super) struct Hermes {
     state: State,
     /// Just after a call: whitespace there is not content.
     after_call: bool,
-}
-
-/// What the start of a call's body says about its shape.
-enum Header {
-    /// Too little text yet.
-    Undecided,
-    /// Not `{"name": "...", "arguments": {` or `[`.
-    Whole,
-    /// That shape: the name, and where the arguments value starts.
-    Stream { name: String, value_at: usize },
-}
-
-/// Decides a call's shape from the start of its body.
-fn header(body: &str) -> Header {
-    let mut at = 0;
-    let ws = |at: &mut usize| {
-        let t = &body[*at..];
-        *at += t.len() - t.trim_start().len();
-    };
-    // Some(true): matched; Some(false): cannot match; None: too short.
-    let lit = |at: &mut usize, l: &str| {
-        let t = &body[*at..];
-        if t.starts_with(l) {
-            *at += l.len();
-            Some(true)
-        } else if l.starts_with(t) {
-            None
-        } else {
-            Some(false)
-        }
-    };
-    for l in ["{", "\"name\"", ":", "\""] {
-        ws(&mut at);
-        match lit(&mut at, l) {
-            None => return Header::Undecided,
-            Some(false) => return Header::Whole,
-            Some(true) => {}
-        }
-    }
-    // The name: a JSON string up to its first unescaped quote.
-    let start = at - 1;
-    let mut escaped = false;
-    let Some(end) = body[at..].char_indices().find_map(|(i, c)| {
-        let end = !escaped && c == '"';
-        escaped = !escaped && c == '\\';
-        end.then_some(at + i)
-    }) else {
-        return Header::Undecided;
-    };
-    let Ok(name) = serde_json::from_str::<String>(&body[start..=end]) else {
-        return Header::Whole;
-    };
-    at = end + 1;
-    for l in [",", "\"arguments\"", ":"] {
-        ws(&mut at);
-        match lit(&mut at, l) {
-            None => return Header::Undecided,
-            Some(false) => return Header::Whole,
-            Some(true) => {}
-        }
-    }
-    ws(&mut at);
-    match body[at..].chars().next() {
-        None => Header::Undecided,
-        Some('{' | '[') => Header::Stream { name, value_at: at },
-        Some(_) => Header::Whole,
-    }
 }
 
 impl Hermes {

@@ -1,67 +1,136 @@
-//! The generic fallback (`json`): the whole output is one call object or a
-//! list of them, with `arguments` or `parameters`. Also the streaming
-//! machine of every whole-output format (`llama3_json` too): an output that
-//! starts like a call (`{`, `[`, `<|python_tag|>`) is held to the end.
+//! The generic fallback (`json`) and `llama3_json`: the whole output is one
+//! call object, a list of them, or several separated by `;` (what the
+//! forcing grammar writes for parallel calls), with `arguments` or
+//! `parameters`, optionally after `<|python_tag|>`. An output that starts
+//! like a call (`{`, `[`, `<|python_tag|>`) is read as calls; [`JsonCalls`]
+//! also reads Mistral's list.
 
+use super::args::{CallEnd, skip_ws};
+use super::calls::{Calls, Flow, Guarded};
 use super::llama3::PYTHON_TAG;
-use super::{Parsed, ParsedCall, ToolParser, calls_from_json, whole};
+use super::object::ObjectCall;
+use super::{CallPiece, Parsed, ToolParser};
 
-/// The calls of a whole output (already trimmed and without the tag).
-pub(super) fn parse(t: &str) -> Option<Vec<ParsedCall>> {
-    calls_from_json(t)
+enum State {
+    /// Before the first call: `[` opens a list, `{` a call.
+    Start,
+    /// Before a call (after `[`, `,` or `;`).
+    Next,
+    Call(ObjectCall),
+    /// After a call: a separator, the list's end, or the end.
+    After,
+    /// After the list: only whitespace may follow.
+    Closed,
 }
 
-pub(super) struct WholeOutput {
-    parse: fn(&str) -> Option<Vec<ParsedCall>>,
+/// Call objects: one, a list, or (`semicolons`) several separated by `;`.
+pub(super) struct JsonCalls {
     buf: String,
-    /// The output started like a call: everything waits for the end.
-    in_calls: bool,
-    /// Content was released: the output is not calls.
-    released: bool,
+    semicolons: bool,
+    list: bool,
+    state: State,
+}
+
+impl JsonCalls {
+    pub(super) fn new(semicolons: bool) -> Self {
+        Self {
+            buf: String::new(),
+            semicolons,
+            list: false,
+            state: State::Start,
+        }
+    }
+}
+
+impl Calls for JsonCalls {
+    fn push(&mut self, text: &str, end: bool, out: &mut Vec<CallPiece>) -> Flow {
+        self.buf.push_str(text);
+        loop {
+            match &mut self.state {
+                State::Start | State::Next => match skip_ws(&mut self.buf) {
+                    None => return Flow::Calls,
+                    Some('[') if matches!(self.state, State::Start) => {
+                        self.buf.drain(..1);
+                        self.list = true;
+                        self.state = State::Next;
+                    }
+                    Some('{') => self.state = State::Call(ObjectCall::default()),
+                    Some(_) => return Flow::NotCalls,
+                },
+                State::Call(call) => match call.push(&mut self.buf, end, out) {
+                    CallEnd::More => return Flow::Calls,
+                    CallEnd::Call => self.state = State::After,
+                    CallEnd::NotCall => return Flow::NotCalls,
+                },
+                State::After => {
+                    let next = match skip_ws(&mut self.buf) {
+                        None => return Flow::Calls,
+                        Some(',') if self.list => State::Next,
+                        Some(']') if self.list => State::Closed,
+                        Some(';') if self.semicolons && !self.list => State::Next,
+                        Some(_) => return Flow::NotCalls,
+                    };
+                    self.buf.drain(..1);
+                    self.state = next;
+                }
+                State::Closed => {
+                    return match skip_ws(&mut self.buf) {
+                        None => Flow::Calls,
+                        Some(_) => Flow::NotCalls,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The streaming machine of the whole-output formats.
+#[derive(Default)]
+pub(super) struct WholeOutput {
+    /// The output's start, while it is undecided.
+    head: String,
+    /// It started like a call.
+    calls: Option<Guarded>,
+    /// It did not: all of it is content.
+    content: bool,
 }
 
 impl WholeOutput {
-    pub(super) fn new(parse: fn(&str) -> Option<Vec<ParsedCall>>) -> Self {
-        Self {
-            parse,
-            buf: String::new(),
-            in_calls: false,
-            released: false,
+    fn step(&mut self, text: &str, end: bool) -> Parsed {
+        if self.content {
+            return (text.to_string(), Vec::new());
         }
+        if let Some(calls) = &mut self.calls {
+            return calls.push(text, end);
+        }
+        self.head.push_str(text);
+        let t = self.head.trim_start();
+        let at = self.head.len() - t.len();
+        let from = if t.starts_with(PYTHON_TAG) {
+            at + PYTHON_TAG.len()
+        } else if t.starts_with(['{', '[']) {
+            at
+        } else if !end && PYTHON_TAG.starts_with(t) {
+            return (String::new(), Vec::new());
+        } else {
+            self.content = true;
+            return (std::mem::take(&mut self.head), Vec::new());
+        };
+        let mut head = std::mem::take(&mut self.head);
+        let section = head.split_off(from);
+        let mut calls = Guarded::new(Box::new(JsonCalls::new(true)), head);
+        let out = calls.push(&section, end);
+        self.calls = Some(calls);
+        out
     }
 }
 
 impl ToolParser for WholeOutput {
     fn push(&mut self, text: &str) -> Parsed {
-        self.buf.push_str(text);
-        if self.in_calls {
-            return (String::new(), Vec::new());
-        }
-        if self.released {
-            return (std::mem::take(&mut self.buf), Vec::new());
-        }
-        let t = self.buf.trim_start();
-        if t.is_empty() || PYTHON_TAG.starts_with(t) {
-            return (String::new(), Vec::new());
-        }
-        if t.starts_with('{') || t.starts_with('[') || t.starts_with(PYTHON_TAG) {
-            self.in_calls = true;
-            return (String::new(), Vec::new());
-        }
-        self.released = true;
-        (std::mem::take(&mut self.buf), Vec::new())
+        self.step(text, false)
     }
 
     fn finish(&mut self) -> Parsed {
-        let text = std::mem::take(&mut self.buf);
-        if !self.in_calls {
-            return (text, Vec::new());
-        }
-        let t = text.trim();
-        let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim();
-        match (self.parse)(t) {
-            Some(calls) => (String::new(), whole(calls)),
-            None => (text, Vec::new()),
-        }
+        self.step("", true)
     }
 }

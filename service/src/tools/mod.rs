@@ -16,13 +16,17 @@
 //!   `<｜tool▁calls▁begin｜>`, calls `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}
 //!   <｜tool▁call▁end｜>` (V3.1) or `...function<｜tool▁sep｜>name` and the
 //!   arguments in a ```json block (V3, R1).
-//! - `json` (fallback): the whole output is one call object or a list of
-//!   them, with `arguments` or `parameters`.
+//! - `json` (fallback): the whole output is one call object, a list of
+//!   them, or several separated by `;`, with `arguments` or `parameters`.
+//!
+//! Every format streams a call's arguments as they are generated (see
+//! [`ToolParser`]).
 
 use rand::Rng;
 use serde_json::Value;
 
 mod args;
+mod calls;
 mod deepseek;
 mod grammar;
 mod hermes;
@@ -30,6 +34,9 @@ mod json;
 mod llama3;
 mod marked;
 mod mistral;
+mod object;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;
 
@@ -119,10 +126,15 @@ impl ToolFormat {
     pub fn parser(self) -> Box<dyn ToolParser> {
         match self {
             Self::Hermes => Box::new(hermes::Hermes::default()),
-            Self::Mistral => Box::new(marked::Marked::new(mistral::MARK, mistral::parse)),
-            Self::DeepSeek => Box::new(marked::Marked::new(deepseek::CALLS_BEGIN, deepseek::parse)),
-            Self::Llama3Json => Box::new(json::WholeOutput::new(llama3::parse)),
-            Self::Json => Box::new(json::WholeOutput::new(json::parse)),
+            Self::Mistral => Box::new(marked::Marked::new(
+                mistral::MARK,
+                mistral::MistralCalls::reader,
+            )),
+            Self::DeepSeek => Box::new(marked::Marked::new(
+                deepseek::CALLS_BEGIN,
+                deepseek::DeepSeekCalls::reader,
+            )),
+            Self::Llama3Json | Self::Json => Box::<json::WholeOutput>::default(),
         }
     }
 }
@@ -168,9 +180,15 @@ pub fn join(pieces: &[CallPiece]) -> Vec<ParsedCall> {
 
 /// Splits one choice's streamed text into content and tool calls. Text that
 /// may be the start of a call is held back (see `crate::holdback`) until it
-/// is decided, so no markup reaches the content. Calls come as pieces: a
-/// format whose calls can be told early streams their arguments (`hermes`);
-/// the others release each call whole, once it is complete.
+/// is decided, so no markup reaches the content. Calls come as pieces, in
+/// every format: a call begins (`Begin`, its name) as soon as its name and
+/// the first bracket of its arguments are in, and the arguments' text then
+/// follows as it is generated (`Args`, any number), up to the bracket that
+/// closes them. A call's arguments are thus exactly the model's JSON text of
+/// the arguments value, not re-serialized; a call the output breaks off
+/// keeps the text it had. Calls in an unusual shape (arguments before the
+/// name, arguments as a JSON string, a bare non-object value) are parsed
+/// whole once complete and released as `Begin` and one `Args`.
 pub trait ToolParser: Send {
     /// Takes new text; returns the content that is now certain and the
     /// call pieces it completes.
@@ -225,12 +243,4 @@ fn call_from_value(v: &Value) -> Option<ParsedCall> {
 
 fn parse_call_object(text: &str) -> Option<ParsedCall> {
     call_from_value(&serde_json::from_str(text).ok()?)
-}
-
-/// One call object or a non-empty list of them.
-fn calls_from_json(t: &str) -> Option<Vec<ParsedCall>> {
-    match serde_json::from_str::<Value>(t).ok()? {
-        Value::Array(items) if !items.is_empty() => items.iter().map(call_from_value).collect(),
-        v => Some(vec![call_from_value(&v)?]),
-    }
 }

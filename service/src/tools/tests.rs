@@ -74,7 +74,7 @@ fn llama3_json_whole_output_calls() {
     let text = r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
     let want = (
         String::new(),
-        vec![call("get_weather", r#"{"city":"Oslo"}"#)],
+        vec![call("get_weather", r#"{"city": "Oslo"}"#)],
     );
     assert_eq!(parse_all(ToolFormat::Llama3Json, text), want);
     assert_eq!(stream_in_pieces(ToolFormat::Llama3Json, text, 2), want);
@@ -97,7 +97,7 @@ fn mistral_both_formats() {
     let old = r#"Sure.[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]"#;
     let want = (
         "Sure.".to_string(),
-        vec![call("f", r#"{"x":1}"#), call("g", "{}")],
+        vec![call("f", r#"{"x": 1}"#), call("g", "{}")],
     );
     assert_eq!(parse_all(ToolFormat::Mistral, old), want);
     assert_eq!(stream_in_pieces(ToolFormat::Mistral, old, 3), want);

@@ -1,0 +1,105 @@
+//! Tool-call fragments as the pipeline emits them, for every format: a
+//! call's first fragment carries its index, a fresh id and the name; later
+//! ones the index and more arguments only; a call's fragments concatenate to
+//! exactly its arguments, which arrive in several fragments as the text
+//! streams in.
+
+use super::*;
+
+/// Outputs of every format: two calls, the second with empty arguments.
+fn outputs() -> Vec<(ToolFormat, String)> {
+    let args = r#"{"city": "Oslo", "note": "say \"hi\" {ok}"}"#;
+    vec![
+        (
+            ToolFormat::Hermes,
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {args}}}\n</tool_call>\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
+            ),
+        ),
+        (
+            ToolFormat::Mistral,
+            format!(
+                "[TOOL_CALLS][{{\"name\": \"get_weather\", \"arguments\": {args}}}, {{\"name\": \"get_time\", \"arguments\": {{}}}}]"
+            ),
+        ),
+        (
+            ToolFormat::DeepSeek,
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{{}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+        ),
+        (
+            ToolFormat::Llama3Json,
+            format!(
+                "{{\"name\": \"get_weather\", \"parameters\": {args}}}; {{\"name\": \"get_time\", \"parameters\": {{}}}}"
+            ),
+        ),
+        (
+            ToolFormat::Json,
+            format!(
+                "[{{\"name\": \"get_weather\", \"arguments\": {args}}}, {{\"name\": \"get_time\", \"arguments\": {{}}}}]"
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn every_format_streams_fragments_of_the_openai_shape() {
+    let args = r#"{"city": "Oslo", "note": "say \"hi\" {ok}"}"#;
+    for (format, text) in outputs() {
+        let mut pipe = Pipeline::new(Config {
+            skip_special: false,
+            stop: Vec::new(),
+            include_stop: false,
+            reasoning: None,
+            tool_format: Some(format),
+        });
+        let mut fragments: Vec<ToolCallPiece> = Vec::new();
+        // Pieces of three characters, as tokens would come.
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            let o = pipe.push_text(&piece.iter().collect::<String>(), 1);
+            assert_eq!(o.text, "", "{format:?}");
+            fragments.extend(o.tool_calls);
+        }
+        let o = pipe.finish_text("");
+        assert_eq!(o.text, "", "{format:?}");
+        fragments.extend(o.tool_calls);
+        assert_eq!(pipe.stop_reason(), FinishReason::ToolCalls);
+
+        let mut calls: Vec<(String, String, String, usize)> = Vec::new();
+        for f in &fragments {
+            let i = f.index as usize;
+            if i == calls.len() {
+                assert!(
+                    f.id.len() >= 9 && f.id.chars().all(|c| c.is_ascii_alphanumeric()),
+                    "{format:?}: first fragment {f:?}"
+                );
+                calls.push((f.id.clone(), f.name.clone(), String::new(), 0));
+            } else {
+                assert_eq!(i + 1, calls.len(), "{format:?}: index {f:?}");
+                assert!(
+                    f.id.is_empty() && f.name.is_empty() && !f.arguments.is_empty(),
+                    "{format:?}: later fragment {f:?}"
+                );
+            }
+            calls[i].2.push_str(&f.arguments);
+            calls[i].3 += 1;
+        }
+        let got: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|(_, n, a, _)| (n.as_str(), a.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("get_weather", args), ("get_time", "{}")],
+            "{format:?}"
+        );
+        assert_ne!(calls[0].0, calls[1].0, "{format:?}: ids repeat");
+        // The first call's arguments came in many fragments, not whole.
+        assert!(
+            calls[0].3 >= args.chars().count() / 3,
+            "{format:?}: {fragments:?}"
+        );
+    }
+}
