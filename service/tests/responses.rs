@@ -646,3 +646,95 @@ async fn conversations_collect_input_and_output() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn truncation_auto_drops_the_oldest_items_until_the_input_fits() {
+    let server = Server::start(StoreConfig::default()).await;
+    let mut c = server.client().await;
+    // 30 long messages: far more than tiny-qwen2's 2048-token context.
+    let items: Vec<Item> = (0..30)
+        .map(|i| user(&format!("message {i}: {}", "words ".repeat(100))))
+        .collect();
+    let req = CreateResponseRequest {
+        input: Some(Input::Items(Items {
+            items: items.clone(),
+        })),
+        ..text("", 2)
+    };
+    let e = c.create(req.clone()).await.expect_err("too long");
+    assert_eq!(
+        (e.code(), bad_field(&e).as_str()),
+        (Code::InvalidArgument, "input")
+    );
+    assert!(e.message().contains("truncation"), "{}", e.message());
+    let auto = CreateResponseRequest {
+        truncation: Some("auto".into()),
+        ..req
+    };
+    let counted = c
+        .count_input_tokens(auto.clone())
+        .await
+        .expect("count")
+        .into_inner()
+        .input_tokens;
+    assert!(counted > 0 && counted < 2048, "{counted}");
+    let resp = check_stream(&collect(c.create(auto).await.expect("create").into_inner()).await);
+    let used = resp.usage.expect("usage").input_tokens;
+    assert_eq!(used, counted);
+    // All of the input is stored, truncated or not.
+    let listed = c
+        .list_input_items(ListInputItemsRequest {
+            response_id: resp.id,
+            limit: Some(100),
+            ..Default::default()
+        })
+        .await
+        .expect("items")
+        .into_inner();
+    assert_eq!(listed.data.len(), 30);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn logprobs_come_with_the_output_text_when_included() {
+    let server = Server::start(StoreConfig::default()).await;
+    let mut c = server.client().await;
+    let req = CreateResponseRequest {
+        include: vec!["message.output_text.logprobs".into()],
+        top_logprobs: Some(2),
+        ..text("Hello there", 6)
+    };
+    let events = collect(c.create(req).await.expect("create").into_inner()).await;
+    let resp = check_stream(&events);
+    let done = events
+        .iter()
+        .find_map(|e| match &e.event {
+            Some(Ev::OutputTextDone(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .expect("text done");
+    assert!(!done.logprobs.is_empty());
+    assert!(done.logprobs.iter().all(|l| l.top_logprobs.len() == 2));
+    let streamed: usize = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Ev::OutputTextDelta(d)) => Some(d.logprobs.len()),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(streamed, done.logprobs.len());
+    assert!(done.logprobs.len() as u32 <= resp.usage.expect("usage").output_tokens);
+    // Without the include, none.
+    let plain = collect(
+        c.create(text("Hello there", 6))
+            .await
+            .expect("create")
+            .into_inner(),
+    )
+    .await;
+    assert!(plain.iter().all(|e| match &e.event {
+        Some(Ev::OutputTextDone(d)) => d.logprobs.is_empty(),
+        _ => true,
+    }));
+    server.stop().await;
+}

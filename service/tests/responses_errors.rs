@@ -261,3 +261,110 @@ async fn each_bad_field_is_invalid_argument_naming_it() {
     assert!(!ok.is_empty());
     server.stop().await;
 }
+
+fn field_of(e: &tonic::Status) -> String {
+    e.get_details_bad_request()
+        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn unknown_ids_are_not_found_and_bad_conversations_invalid() {
+    use gyre_api::v1::{
+        CancelResponseRequest, CreateConversationRequest, DeleteConversationRequest,
+        DeleteResponseRequest, GetConversationRequest, GetResponseRequest,
+        ListConversationItemsRequest, ListInputItemsRequest, ReplayResponseRequest,
+    };
+    let server = Server::start(StoreConfig::default()).await;
+    let mut c = server.client().await;
+    let id = || "resp_0123".to_string();
+    let conv = || "conv_0123".to_string();
+    let mut found = Vec::new();
+    let get = c.get(GetResponseRequest { response_id: id() }).await;
+    found.push(("get", get.map(|_| ())));
+    let del = c.delete(DeleteResponseRequest { response_id: id() }).await;
+    found.push(("delete", del.map(|_| ())));
+    let cancel = c.cancel(CancelResponseRequest { response_id: id() }).await;
+    found.push(("cancel", cancel.map(|_| ())));
+    let replay = c
+        .replay(ReplayResponseRequest {
+            response_id: id(),
+            starting_after: None,
+        })
+        .await;
+    found.push(("replay", replay.map(|_| ())));
+    let items = c
+        .list_input_items(ListInputItemsRequest {
+            response_id: id(),
+            ..Default::default()
+        })
+        .await;
+    found.push(("input items", items.map(|_| ())));
+    for (what, r) in found {
+        let e = r.expect_err(what);
+        assert_eq!(
+            (e.code(), field_of(&e).as_str()),
+            (Code::NotFound, "response_id"),
+            "{what}"
+        );
+    }
+    let mut found = Vec::new();
+    let get = c
+        .get_conversation(GetConversationRequest {
+            conversation_id: conv(),
+        })
+        .await;
+    found.push(("get", get.map(|_| ())));
+    let del = c
+        .delete_conversation(DeleteConversationRequest {
+            conversation_id: conv(),
+        })
+        .await;
+    found.push(("delete", del.map(|_| ())));
+    let items = c
+        .list_conversation_items(ListConversationItemsRequest {
+            conversation_id: conv(),
+            ..Default::default()
+        })
+        .await;
+    found.push(("items", items.map(|_| ())));
+    for (what, r) in found {
+        let e = r.expect_err(what);
+        assert_eq!(
+            (e.code(), field_of(&e).as_str()),
+            (Code::NotFound, "conversation_id"),
+            "{what}"
+        );
+    }
+    let hi = || message("user", Some(Part::InputText("hi".into())));
+    for (req, field) in [
+        (
+            CreateConversationRequest {
+                items: (0..21).map(|_| hi()).collect(),
+                ..Default::default()
+            },
+            "items",
+        ),
+        (
+            CreateConversationRequest {
+                items: vec![hi(), message("robot", Some(Part::InputText("x".into())))],
+                ..Default::default()
+            },
+            "items[1].role",
+        ),
+        (
+            CreateConversationRequest {
+                metadata: (0..17).map(|i| (format!("k{i}"), String::new())).collect(),
+                ..Default::default()
+            },
+            "metadata",
+        ),
+    ] {
+        let e = c.create_conversation(req).await.expect_err(field);
+        assert_eq!(
+            (e.code(), field_of(&e).as_str()),
+            (Code::InvalidArgument, field)
+        );
+    }
+    server.stop().await;
+}

@@ -196,6 +196,19 @@ pub fn remap(e: ServiceError) -> ServiceError {
             reason,
             message,
         },
+        ServiceError::Engine(gyre_engine::EngineError::ContextTooLong { prompt, max, .. }) => {
+            ServiceError::invalid(
+                "input",
+                "CONTEXT_LENGTH_EXCEEDED",
+                format!(
+                    "this model's maximum context length is {max} tokens and the input has \
+                     {prompt}; truncation \"auto\" drops the oldest items until it fits"
+                ),
+            )
+        }
+        ServiceError::Engine(e @ gyre_engine::EngineError::ExceedsKvCapacity { .. }) => {
+            ServiceError::invalid("input", "EXCEEDS_KV_CAPACITY", e.to_string())
+        }
         other => other,
     }
 }
@@ -284,6 +297,58 @@ mod tests {
         assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
         assert_eq!(m[4].content.as_deref(), Some("It is sunny"));
         assert_eq!(m[4].reasoning_content, None);
+    }
+
+    #[test]
+    fn settings_map_onto_the_generation_request() {
+        let r = CreateResponseRequest {
+            model: "m".into(),
+            temperature: Some(0.5),
+            top_p: Some(0.9),
+            top_logprobs: Some(3),
+            include: vec![INCLUDE_LOGPROBS.into()],
+            max_output_tokens: Some(7),
+            prompt_cache_key: Some("tenant".into()),
+            reasoning_effort: Some("low".into()),
+            parallel_tool_calls: Some(false),
+            text_format: Some(v1::TextFormat {
+                format: Some(Format::JsonObject(true)),
+            }),
+            ..Default::default()
+        };
+        let g = generation_request("resp_1", &r, Vec::new());
+        let s = g.sampling.expect("sampling");
+        assert_eq!((s.temperature, s.top_p), (Some(0.5), Some(0.9)));
+        assert_eq!(g.logprobs, Some(3));
+        assert_eq!(g.max_tokens, Some(7));
+        assert!(g.clamp_max_tokens);
+        assert_eq!(g.cache_salt.as_deref(), Some("tenant"));
+        assert_eq!(
+            g.structured.and_then(|s| s.kind),
+            Some(Kind::JsonObject(true))
+        );
+        let Some(ReqInput::Chat(chat)) = g.input else {
+            panic!("chat input");
+        };
+        assert_eq!(chat.parallel_tool_calls, Some(false));
+        let effort = chat
+            .chat_template_kwargs
+            .and_then(|k| k.fields.get("reasoning_effort").cloned())
+            .and_then(|v| v.kind);
+        assert_eq!(
+            effort,
+            Some(prost_types::value::Kind::StringValue("low".into()))
+        );
+        // Without the include, no logprobs whatever top_logprobs says.
+        let plain = generation_request(
+            "resp_2",
+            &CreateResponseRequest {
+                top_logprobs: Some(3),
+                ..Default::default()
+            },
+            Vec::new(),
+        );
+        assert_eq!(plain.logprobs, None);
     }
 
     #[test]
