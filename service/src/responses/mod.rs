@@ -13,6 +13,7 @@ mod live;
 mod render;
 mod run;
 pub mod store;
+mod store_sql;
 mod validate;
 
 use std::pin::Pin;

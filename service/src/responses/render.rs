@@ -174,6 +174,16 @@ pub fn generation_request(
     }
 }
 
+/// Most function calls kept: `max_tool_calls`, and one when
+/// `parallel_tool_calls` is false (a forced choice is held to one call by
+/// its grammar already; this also holds the model's own calls to one).
+pub fn call_limit(r: &CreateResponseRequest) -> Option<u32> {
+    match (r.max_tool_calls, r.parallel_tool_calls) {
+        (m, Some(false)) => Some(m.map_or(1, |m| m.min(1))),
+        (m, _) => m,
+    }
+}
+
 /// A generation error with its field renamed from chat's spelling to the
 /// Responses request's.
 pub fn remap(e: ServiceError) -> ServiceError {
@@ -349,6 +359,20 @@ mod tests {
             Vec::new(),
         );
         assert_eq!(plain.logprobs, None);
+    }
+
+    #[test]
+    fn parallel_tool_calls_false_keeps_one_call() {
+        let r = |max: Option<u32>, parallel: Option<bool>| CreateResponseRequest {
+            max_tool_calls: max,
+            parallel_tool_calls: parallel,
+            ..Default::default()
+        };
+        assert_eq!(call_limit(&r(None, None)), None);
+        assert_eq!(call_limit(&r(Some(3), Some(true))), Some(3));
+        assert_eq!(call_limit(&r(None, Some(false))), Some(1));
+        assert_eq!(call_limit(&r(Some(3), Some(false))), Some(1));
+        assert_eq!(call_limit(&r(Some(0), Some(false))), Some(0));
     }
 
     #[test]

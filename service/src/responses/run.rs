@@ -195,7 +195,7 @@ pub async fn start(
     };
     let opts = Options {
         logprobs: r.include.iter().any(|i| i == validate::INCLUDE_LOGPROBS),
-        max_tool_calls: r.max_tool_calls,
+        max_tool_calls: render::call_limit(&r),
     };
     let mut b = Builder::new(resp, opts);
     let first = b.created();

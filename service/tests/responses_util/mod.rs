@@ -9,9 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use gyre_api::v1::responses_client::ResponsesClient;
+use std::collections::HashMap;
+
 use gyre_api::v1::{
-    self, CreateResponseRequest, ResponseEvent, create_response_request::Input,
-    response_event::Event as Ev,
+    self, ContentPart, CreateResponseRequest, Item, MessageItem, ResponseEvent, content_part::Part,
+    create_response_request::Input, item::Item as It, response_event::Event as Ev,
 };
 use gyre_engine::{DeviceChoice, EngineOptions};
 use gyre_service::responses::{Store, StoreConfig};
@@ -164,4 +166,69 @@ pub async fn wait_for(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     panic!("response {id} never reached the awaited state");
+}
+
+pub fn user(t: &str) -> Item {
+    Item {
+        item: Some(It::Message(MessageItem {
+            role: "user".into(),
+            content: vec![ContentPart {
+                part: Some(Part::InputText(t.into())),
+            }],
+        })),
+        ..Default::default()
+    }
+}
+
+/// The events agree with each other and with the final response.
+pub fn check_stream(events: &[v1::ResponseEvent]) -> v1::Response {
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.sequence_number, i as u64);
+    }
+    assert_eq!(kind(&events[0]), "created");
+    assert_eq!(kind(&events[1]), "in_progress");
+    let last = events.last().expect("events");
+    let resp = terminal(last).expect("ends with a terminal event").clone();
+    assert_eq!(created(events).id, resp.id);
+    let mut texts: HashMap<String, String> = HashMap::new();
+    for e in events {
+        match e.event.as_ref().expect("event") {
+            Ev::OutputTextDelta(d) | Ev::ReasoningTextDelta(d) => {
+                assert_eq!(resp.output[d.output_index as usize].id, d.item_id);
+                texts
+                    .entry(d.item_id.clone())
+                    .or_default()
+                    .push_str(&d.delta);
+            }
+            Ev::FunctionCallArgumentsDelta(d) => {
+                assert_eq!(resp.output[d.output_index as usize].id, d.item_id);
+                texts
+                    .entry(d.item_id.clone())
+                    .or_default()
+                    .push_str(&d.delta);
+            }
+            Ev::OutputTextDone(d) | Ev::ReasoningTextDone(d) => {
+                assert_eq!(texts.get(&d.item_id).cloned().unwrap_or_default(), d.text);
+            }
+            Ev::FunctionCallArgumentsDone(d) => {
+                assert_eq!(
+                    texts.get(&d.item_id).cloned().unwrap_or_default(),
+                    d.arguments
+                );
+            }
+            Ev::OutputItemAdded(x) | Ev::OutputItemDone(x) => {
+                let item = x.item.as_ref().expect("item");
+                assert_eq!(resp.output[x.output_index as usize].id, item.id);
+            }
+            _ => {}
+        }
+    }
+    resp
+}
+
+pub fn bad_field(s: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    s.get_details_bad_request()
+        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
+        .unwrap_or_default()
 }
