@@ -37,7 +37,7 @@ pub fn response(r: &pb::Response) -> Value {
         .as_ref()
         .map_or(Value::Null, |reason| json!({ "reason": reason }));
     let usage = r.usage.as_ref().map_or(Value::Null, usage);
-    json!({
+    let mut out = json!({
         "id": r.id,
         "object": "response",
         "created_at": r.created_at,
@@ -73,8 +73,21 @@ pub fn response(r: &pb::Response) -> Value {
         "truncation": req.truncation.clone().unwrap_or_else(|| "disabled".into()),
         "usage": usage,
         "user": opt(req.user.clone()),
-    })
+    });
+    // Keys the schema has as optional but not nullable: left out when unset.
+    if let Some(obj) = out.as_object_mut() {
+        for key in OMITTED_WHEN_UNSET {
+            if obj.get(key).is_some_and(Value::is_null) {
+                obj.remove(key);
+            }
+        }
+    }
+    out
 }
+
+/// The `response` object's keys that OpenAI's schema lets be absent but
+/// not null.
+const OMITTED_WHEN_UNSET: [&str; 2] = ["usage", "user"];
 
 /// A string map (`metadata`) as a JSON object, keys sorted.
 fn metadata(map: &std::collections::HashMap<String, String>) -> Value {

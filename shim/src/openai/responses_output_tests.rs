@@ -136,6 +136,21 @@ fn response_has_every_required_key() {
 }
 
 #[test]
+fn optional_keys_that_may_not_be_null_are_left_out() {
+    let mut r = sample();
+    r.usage = None;
+    let v = response(&r);
+    // OpenAI's schema: `usage` and `user` may be absent, never null.
+    assert!(v.get("usage").is_none() && v.get("user").is_none(), "{v}");
+    // Nullable ones stay, as null.
+    assert_eq!(v["prompt_cache_key"], Value::Null);
+    if let Some(req) = r.request.as_mut() {
+        req.user = Some("u".into());
+    }
+    assert_eq!(response(&r)["user"], "u");
+}
+
+#[test]
 fn incomplete_and_failed_details() {
     let mut r = sample();
     r.status = "incomplete".into();
