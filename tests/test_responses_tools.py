@@ -58,7 +58,7 @@ def test_function_call_round_trip_with_the_default_model(default_client):
     client = default_client
     first = client.responses.create(model=DEFAULT, input=QUESTION, tools=TOOLS, temperature=0,
                                     tool_choice={"type": "function", "name": "get_weather"},
-                                    max_output_tokens=64)
+                                    max_output_tokens=200)
     calls = [item for item in first.output if item.type == "function_call"]
     assert len(calls) == 1, first.output
     call = calls[0]

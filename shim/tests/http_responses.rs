@@ -25,8 +25,13 @@ struct Harness {
 }
 
 async fn harness() -> Harness {
+    harness_with(None).await
+}
+
+async fn harness_with(api_key: Option<&str>) -> Harness {
     let fake = fake_responses::start().await;
-    let config = gyre_shim::ShimConfig::new(fake.endpoint.clone());
+    let mut config = gyre_shim::ShimConfig::new(fake.endpoint.clone());
+    config.api_key = api_key.map(str::to_owned);
     let state = gyre_shim::connect(config).await.expect("connect");
     Harness {
         router: gyre_shim::router(state),
@@ -183,6 +188,12 @@ async fn errors_before_the_stream_are_http_errors() {
         .await;
         assert_eq!(e["param"], "input[0].content[0].text");
     }
+    // The edge bounds the number of input items.
+    let mut many = body("m", false);
+    many["input"] = json!(vec![json!({"role": "user", "content": "x"}); 4097]);
+    let e = error_of(h.post("/v1/responses", many).await, StatusCode::BAD_REQUEST).await;
+    assert_eq!(e["param"], "input");
+    assert_eq!(e["code"], "too_many_items");
 }
 
 #[tokio::test]
@@ -404,4 +415,23 @@ async fn paths_without_v1() {
     )
     .await;
     assert_eq!(e["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn the_api_key_guards_every_route() {
+    let h = harness_with(Some("sekret")).await;
+    let e = error_of(h.post("/v1/responses", body("m", false)).await, StatusCode::UNAUTHORIZED).await;
+    assert_eq!(e["code"], "invalid_api_key");
+    for (method, path) in [
+        ("GET", "/v1/responses/resp_known"),
+        ("DELETE", "/v1/conversations/conv_known"),
+        ("GET", "/responses/resp_known/input_items"),
+    ] {
+        error_of(h.call(method, path).await, StatusCode::UNAUTHORIZED).await;
+    }
+    let request = Request::get("/v1/responses/resp_known")
+        .header("authorization", "Bearer sekret")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(h.send(request).await.status(), StatusCode::OK);
 }
