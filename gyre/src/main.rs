@@ -18,7 +18,7 @@ use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
 use gyre_service::resolve;
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::grpc_service;
+use gyre_service::server::grpc_service_with_store;
 use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -163,6 +163,78 @@ struct GrpcArgs {
     /// Connection limits, applied to each port.
     #[command(flatten)]
     conn: gyre_shim::conn::ConnArgs,
+    /// The Responses API's store.
+    #[command(flatten)]
+    responses: ResponsesArgs,
+}
+
+/// Where the Responses API keeps responses and conversations, and how many.
+#[derive(Args)]
+struct ResponsesArgs {
+    /// Data directory of the Responses store (an SQLite database). Default:
+    /// `$XDG_DATA_HOME/gyre/responses`, else `~/.local/share/gyre/responses`,
+    /// else `.gyre/responses` under the working directory. Several gyre
+    /// processes may share one.
+    #[arg(long, env = "GYRE_RESPONSES_DIR")]
+    responses_dir: Option<std::path::PathBuf>,
+    /// Most stored responses (and, separately, conversations); the oldest
+    /// finished ones are evicted first, running ones never.
+    #[arg(long, env = "GYRE_RESPONSES_MAX_ENTRIES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    responses_max_entries: u64,
+    /// Oldest age of a stored response or conversation: a number of
+    /// seconds, or with a unit `s`, `m`, `h` or `d` (e.g. `30d`).
+    #[arg(long, env = "GYRE_RESPONSES_MAX_AGE", default_value = "30d", value_parser = parse_age)]
+    responses_max_age: std::time::Duration,
+}
+
+impl ResponsesArgs {
+    fn config(&self) -> gyre_service::responses::StoreConfig {
+        let dir = self.responses_dir.clone().unwrap_or_else(|| {
+            let data = std::env::var_os("XDG_DATA_HOME")
+                .filter(|d| !d.is_empty())
+                .map(std::path::PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .filter(|h| !h.is_empty())
+                        .map(|h| std::path::PathBuf::from(h).join(".local/share"))
+                });
+            match data {
+                Some(d) => d.join("gyre/responses"),
+                None => std::path::PathBuf::from(".gyre/responses"),
+            }
+        });
+        gyre_service::responses::StoreConfig {
+            dir: Some(dir),
+            max_entries: self.responses_max_entries,
+            max_age: self.responses_max_age,
+        }
+    }
+}
+
+/// `30d`, `12h`, `90m`, `3600s` or `3600` (seconds), more than 0.
+fn parse_age(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&s[..i], c),
+        _ => (s, 's'),
+    };
+    let scale = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(format!("unknown unit `{unit}`: use s, m, h or d")),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number with an optional unit s, m, h or d"))?;
+    if n == 0 {
+        return Err("the age must be more than 0".into());
+    }
+    n.checked_mul(scale)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("`{s}` is too long"))
 }
 
 /// Settings of the HTTP API that `gyre serve` adds.
@@ -390,7 +462,24 @@ async fn run() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
     let grpc_local = grpc_listener.local_addr()?;
-    let grpc_routes = grpc_service(vec![runtime], grpc.api_key.clone(), drain_rx).await?;
+    let store_cfg = grpc.responses.config();
+    let store = gyre_service::responses::Store::open(store_cfg.clone()).with_context(|| {
+        format!(
+            "cannot open the responses store (--responses-dir {})",
+            store_cfg
+                .dir
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""))
+                .display()
+        )
+    })?;
+    let grpc_routes = grpc_service_with_store(
+        vec![runtime],
+        grpc.api_key.clone(),
+        drain_rx,
+        Arc::new(store),
+    )
+    .await?;
     let grpc_task = tokio::spawn(gyre_shim::conn::serve(
         grpc_listener,
         grpc_routes,
@@ -426,4 +515,22 @@ async fn run() -> anyhow::Result<()> {
         t.await??;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_age;
+    use std::time::Duration;
+
+    #[test]
+    fn ages_take_a_unit_or_seconds() {
+        assert_eq!(parse_age("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_age("12h"), Ok(Duration::from_secs(12 * 3600)));
+        assert_eq!(parse_age("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_age("7s"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_age("3600"), Ok(Duration::from_secs(3600)));
+        for bad in ["", "0", "0d", "5w", "d", "-1h", "1.5h"] {
+            assert!(parse_age(bad).is_err(), "{bad:?}");
+        }
+    }
 }

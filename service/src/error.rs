@@ -44,6 +44,10 @@ pub enum ServiceError {
     /// The server is draining for shutdown and takes no new requests.
     #[error("the server is shutting down and accepts no new requests")]
     Draining,
+    /// A stored object (response, conversation) the request names does not
+    /// exist: NOT_FOUND, reason "not_found", `field` naming the parameter.
+    #[error("{message}")]
+    NotFound { field: String, message: String },
 }
 
 impl ServiceError {
@@ -84,6 +88,12 @@ impl ServiceError {
                 message.clone(),
             ),
             Self::Draining => (Code::Unavailable, "DRAINING", None, self.to_string()),
+            Self::NotFound { field, message } => (
+                Code::NotFound,
+                "not_found",
+                Some(field.clone()),
+                message.clone(),
+            ),
             Self::DuplicateRequestId(_) => (
                 Code::AlreadyExists,
                 "DUPLICATE_REQUEST_ID",

@@ -31,7 +31,7 @@ pub(crate) const STREAM_BUFFER: usize = 64;
 
 #[derive(Clone)]
 pub struct GenerationService {
-    models: Arc<Vec<Arc<ModelRuntime>>>,
+    pub(crate) models: Arc<Vec<Arc<ModelRuntime>>>,
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,

@@ -3,7 +3,8 @@
 //! Text work lives here, off the engine thread: chat templates, tokenizing,
 //! incremental detokenizing, stop strings, reasoning sections and tool calls,
 //! one output pipeline per choice (`pipeline`). Errors map to `tonic::Status` in
-//! exactly one place (`error`).
+//! exactly one place (`error`). The Responses API (`responses`) is a third
+//! output format over the same generation, with its own store.
 
 pub mod chat;
 mod choice;
@@ -17,6 +18,7 @@ pub mod pipeline;
 pub mod reasoning;
 pub mod request;
 pub mod resolve;
+pub mod responses;
 pub mod runtime;
 pub mod server;
 pub mod stop;

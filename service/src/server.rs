@@ -1,4 +1,5 @@
-//! The gRPC server's routes: gyre.v1.Generation (behind the API-key check),
+//! The gRPC server's routes: gyre.v1.Generation and gyre.v1.Responses
+//! (behind the API-key check),
 //! grpc.health.v1 (overall and per model), server reflection v1 and v1alpha
 //! (gyre's and health's descriptors), and gRPC-Web through tonic-web. The
 //! `gyre` binary serves them with the same connection handling as the HTTP
@@ -7,6 +8,7 @@
 use std::sync::Arc;
 
 use gyre_api::v1::generation_server::GenerationServer;
+use gyre_api::v1::responses_server::ResponsesServer;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -14,6 +16,7 @@ use tonic::{Request, Status};
 use tower::Layer as _;
 
 use crate::grpc::GenerationService;
+use crate::responses::{ResponsesService, Store, StoreConfig};
 use crate::runtime::ModelRuntime;
 
 /// Checks `authorization: Bearer <key>` when a key is configured: the
@@ -54,17 +57,33 @@ impl tonic::service::Interceptor for ApiKeyCheck {
 /// Every gRPC route, as one HTTP service (HTTP/2, and HTTP/1 for gRPC-Web).
 pub type GrpcService = tonic_web::GrpcWebService<Routes>;
 
-/// The gRPC service over `models`, ready to serve. Once `draining` turns
-/// true, health reports NOT_SERVING (overall, the service and each model)
-/// and new generation requests get UNAVAILABLE while running ones finish.
+/// The gRPC service over `models`, ready to serve, with an in-memory
+/// Responses store (see [`grpc_service_with_store`]).
 pub async fn grpc_service(
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
 ) -> anyhow::Result<GrpcService> {
+    let store = Arc::new(Store::open(StoreConfig::default())?);
+    grpc_service_with_store(models, api_key, draining, store).await
+}
+
+/// The gRPC service over `models`, ready to serve, keeping responses in
+/// `store`. Once `draining` turns true, health reports NOT_SERVING
+/// (overall, the service and each model) and new generation requests get
+/// UNAVAILABLE while running ones finish.
+pub async fn grpc_service_with_store(
+    models: Vec<Arc<ModelRuntime>>,
+    api_key: Option<String>,
+    draining: watch::Receiver<bool>,
+    store: Arc<Store>,
+) -> anyhow::Result<GrpcService> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
         .set_serving::<GenerationServer<GenerationService>>()
+        .await;
+    health
+        .set_serving::<ResponsesServer<ResponsesService>>()
         .await;
     for m in &models {
         health
@@ -80,6 +99,9 @@ pub async fn grpc_service(
             }
             health
                 .set_not_serving::<GenerationServer<GenerationService>>()
+                .await;
+            health
+                .set_not_serving::<ResponsesServer<ResponsesService>>()
                 .await;
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
@@ -99,14 +121,18 @@ pub async fn grpc_service(
         .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let generation = InterceptedService::new(
-        GenerationServer::new(GenerationService::new(models, draining)),
-        ApiKeyCheck::new(api_key),
+    let gen_service = GenerationService::new(models, draining);
+    let check = ApiKeyCheck::new(api_key);
+    let responses = InterceptedService::new(
+        ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
+        check.clone(),
     );
+    let generation = InterceptedService::new(GenerationServer::new(gen_service), check);
     let routes = Routes::new(health_svc)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(generation)
+        .add_service(responses)
         .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.
     Ok(tonic_web::GrpcWebLayer::new().layer(routes))

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// Serves `models` on `listener` until `shutdown` resolves.
+#[allow(dead_code)]
 pub async fn serve_grpc(
     listener: TcpListener,
     models: Vec<Arc<ModelRuntime>>,
@@ -21,5 +22,21 @@ pub async fn serve_grpc(
 ) -> anyhow::Result<()> {
     let routes = gyre_service::server::grpc_service(models, api_key, draining).await?;
     gyre_shim::conn::serve(listener, routes, limits, shutdown).await;
+    Ok(())
+}
+
+/// Serves `models` on `listener` with its Responses store in `store`
+/// until `shutdown` resolves.
+#[allow(dead_code)]
+pub async fn serve_grpc_with_store(
+    listener: TcpListener,
+    models: Vec<Arc<ModelRuntime>>,
+    store: Arc<gyre_service::responses::Store>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let draining = watch::channel(false).1;
+    let routes =
+        gyre_service::server::grpc_service_with_store(models, None, draining, store).await?;
+    gyre_shim::conn::serve(listener, routes, Default::default(), shutdown).await;
     Ok(())
 }

@@ -1,0 +1,163 @@
+//! The store on its own: round trips, chains, pages, bounds, recovery.
+
+use super::*;
+use gyre_api::v1::{MessageItem, item::Item as It};
+
+fn resp(id: &str, status: &str, created_at: i64) -> Response {
+    Response {
+        id: id.into(),
+        status: status.into(),
+        created_at,
+        ..Default::default()
+    }
+}
+
+fn msg(id: &str) -> Item {
+    Item {
+        id: id.into(),
+        status: "completed".into(),
+        item: Some(It::Message(MessageItem {
+            role: "user".into(),
+            content: Vec::new(),
+        })),
+    }
+}
+
+fn cfg(dir: Option<PathBuf>, max_entries: u64, max_age: u64) -> StoreConfig {
+    StoreConfig {
+        dir,
+        max_entries,
+        max_age: Duration::from_secs(max_age),
+    }
+}
+
+#[test]
+fn responses_round_trip_and_chain_in_order() {
+    let s = Store::open(StoreConfig::default()).expect("open");
+    let mut a = resp("resp_a", "in_progress", now());
+    s.insert_response(&a, None, &[msg("in_1")], &[])
+        .expect("insert");
+    a.status = "completed".into();
+    a.output.push(msg("msg_a"));
+    s.update_response(&a, &[], None).expect("update");
+    let b = Response {
+        output: vec![msg("msg_b")],
+        ..resp("resp_b", "completed", now())
+    };
+    s.insert_response(&b, Some("resp_a"), &[msg("in_2")], &[])
+        .expect("insert");
+    let got = s.get_response("resp_a").expect("get").expect("stored");
+    assert_eq!(got.response, a);
+    let ids: Vec<String> = s
+        .history("resp_b")
+        .expect("history")
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(ids, ["in_1", "msg_a", "in_2", "msg_b"]);
+    assert!(s.delete_response("resp_a").expect("delete"));
+    assert!(!s.delete_response("resp_a").expect("delete again"));
+    assert!(s.input_items("resp_a").expect("items").is_empty());
+}
+
+#[test]
+fn pages_go_both_ways_with_has_more() {
+    let s = Store::open(StoreConfig::default()).expect("open");
+    let items: Vec<Item> = (0..5).map(|i| msg(&format!("in_{i}"))).collect();
+    s.insert_response(&resp("r", "completed", now()), None, &items, &[])
+        .expect("insert");
+    let of = Owner::Response("r".into());
+    let ids = |p: (Vec<Item>, bool)| (p.0.into_iter().map(|i| i.id).collect::<Vec<_>>(), p.1);
+    let p = s.page(&of, None, 2, false).expect("page").expect("some");
+    assert_eq!(ids(p), (vec!["in_0".to_string(), "in_1".into()], true));
+    let p = s
+        .page(&of, Some("in_1"), 10, false)
+        .expect("page")
+        .expect("some");
+    assert_eq!(
+        ids(p),
+        (
+            vec!["in_2".to_string(), "in_3".into(), "in_4".into()],
+            false
+        )
+    );
+    let p = s
+        .page(&of, Some("in_3"), 2, true)
+        .expect("page")
+        .expect("some");
+    assert_eq!(ids(p), (vec!["in_2".to_string(), "in_1".into()], true));
+    assert!(s.page(&of, Some("nope"), 2, true).expect("page").is_none());
+}
+
+#[test]
+fn bounds_evict_the_oldest_finished_never_running_ones() {
+    let s = Store::open(cfg(None, 2, 1000)).expect("open");
+    let t = now();
+    s.insert_response(&resp("running", "in_progress", t), None, &[], &[])
+        .expect("insert");
+    for id in ["old", "mid", "new"] {
+        s.insert_response(&resp(id, "completed", t), None, &[], &[])
+            .expect("insert");
+    }
+    let have = |id: &str| s.get_response(id).expect("get").is_some();
+    assert!(have("running"), "running ones are never evicted");
+    assert!(
+        !have("old") && !have("mid"),
+        "oldest finished evicted first"
+    );
+    assert!(have("new"));
+    // Age: as of a time past the bound, only the running one stays.
+    s.evict_at(t + 1001).expect("evict");
+    assert!(have("running") && !have("new"));
+}
+
+#[test]
+fn a_gone_owners_running_responses_fail_on_open() {
+    let dir = tempfile::tempdir().expect("tmp");
+    {
+        let s = Store::open(cfg(Some(dir.path().into()), 10, 1000)).expect("open");
+        s.insert_response(&resp("r", "in_progress", now()), None, &[], &[])
+            .expect("insert");
+        // A second process sharing the directory leaves it alone while
+        // the first lives.
+        let other = Store::open(cfg(Some(dir.path().into()), 10, 1000)).expect("open 2");
+        let r = other.get_response("r").expect("get").expect("stored");
+        assert_eq!(r.response.status, "in_progress");
+    }
+    let s = Store::open(cfg(Some(dir.path().into()), 10, 1000)).expect("reopen");
+    let r = s.get_response("r").expect("get").expect("stored").response;
+    assert_eq!(r.status, "failed");
+    assert_eq!(r.error.expect("error").code, "server_restarted");
+    let events = s.events_after("r", None).expect("events");
+    assert!(matches!(
+        events.last().and_then(|e| e.event.as_ref()),
+        Some(response_event::Event::Failed(_))
+    ));
+}
+
+#[test]
+fn conversations_keep_items_in_order() {
+    let s = Store::open(StoreConfig::default()).expect("open");
+    let c = Conversation {
+        id: "conv_1".into(),
+        created_at: now(),
+        ..Default::default()
+    };
+    s.insert_conversation(&c, &[msg("a")]).expect("insert");
+    let r = resp("r", "completed", now());
+    s.insert_response(&r, None, &[], &[]).expect("insert");
+    s.update_response(&r, &[], Some(("conv_1", &[msg("b"), msg("c")])))
+        .expect("append");
+    let ids: Vec<String> = s
+        .conversation_items("conv_1")
+        .expect("items")
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(s.delete_conversation("conv_1").expect("delete"));
+    assert!(s.get_conversation("conv_1").expect("get").is_none());
+    // Appending to a deleted conversation is no error.
+    s.update_response(&r, &[], Some(("conv_1", &[msg("d")])))
+        .expect("append to deleted");
+}
