@@ -420,7 +420,11 @@ async fn paths_without_v1() {
 #[tokio::test]
 async fn the_api_key_guards_every_route() {
     let h = harness_with(Some("sekret")).await;
-    let e = error_of(h.post("/v1/responses", body("m", false)).await, StatusCode::UNAUTHORIZED).await;
+    let e = error_of(
+        h.post("/v1/responses", body("m", false)).await,
+        StatusCode::UNAUTHORIZED,
+    )
+    .await;
     assert_eq!(e["code"], "invalid_api_key");
     for (method, path) in [
         ("GET", "/v1/responses/resp_known"),

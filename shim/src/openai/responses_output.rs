@@ -134,13 +134,19 @@ fn text(req: &pb::CreateResponseRequest) -> Value {
     let format = match req.text_format.as_ref().and_then(|f| f.format.as_ref()) {
         None | Some(Format::Text(_)) => json!({"type": "text"}),
         Some(Format::JsonObject(_)) => json!({"type": "json_object"}),
-        Some(Format::JsonSchema(s)) => json!({
-            "type": "json_schema",
-            "name": s.name,
-            "description": opt(s.description.clone()),
-            "schema": json_text(&s.schema),
-            "strict": opt(s.strict),
-        }),
+        Some(Format::JsonSchema(s)) => {
+            let mut f = json!({
+                "type": "json_schema",
+                "name": s.name,
+                "schema": json_text(&s.schema),
+                "strict": opt(s.strict),
+            });
+            // Optional, and not nullable in OpenAI's schema.
+            if let Some(d) = &s.description {
+                f["description"] = d.clone().into();
+            }
+            f
+        }
     };
     let mut out = json!({ "format": format });
     if let Some(v) = &req.verbosity {

@@ -100,7 +100,6 @@ fn response_has_every_required_key() {
         "output_text",
         "previous_response_id",
         "completed_at",
-        "user",
     ] {
         assert!(v.get(key).is_some(), "no {key} in {v}");
     }
@@ -148,6 +147,32 @@ fn optional_keys_that_may_not_be_null_are_left_out() {
         req.user = Some("u".into());
     }
     assert_eq!(response(&r)["user"], "u");
+}
+
+#[test]
+fn json_schema_format_echo() {
+    let mut r = sample();
+    let format = |description: Option<&str>| pb::TextFormat {
+        format: Some(pb::text_format::Format::JsonSchema(pb::JsonSchemaFormat {
+            name: "s".into(),
+            description: description.map(str::to_owned),
+            schema: r#"{"type":"object"}"#.into(),
+            strict: Some(true),
+        })),
+    };
+    if let Some(req) = r.request.as_mut() {
+        req.text_format = Some(format(None));
+    }
+    let v = response(&r)["text"]["format"].clone();
+    assert_eq!(
+        v,
+        serde_json::json!({"type": "json_schema", "name": "s",
+                           "schema": {"type": "object"}, "strict": true})
+    );
+    if let Some(req) = r.request.as_mut() {
+        req.text_format = Some(format(Some("d")));
+    }
+    assert_eq!(response(&r)["text"]["format"]["description"], "d");
 }
 
 #[test]
