@@ -7,7 +7,8 @@ whole stream: every event against OpenAI's `ResponseStreamEvent` schema,
 `sequence_number`s 0, 1, 2, ..., `response.created` first and one terminal
 event last, no `[DONE]`, the ids of `output_item.added` items equal to those
 of the final response, and every text's deltas joined equal to its `done`
-text and to the final item's text.
+text and to the final item's text (output text, reasoning text and function
+call arguments alike).
 """
 
 from __future__ import annotations
@@ -118,6 +119,20 @@ def check_stream(events: list[dict], first_seq: int = 0) -> None:
             dones[key] = e["text"]
     assert deltas == {k: v for k, v in dones.items() if v}
     assert dones == texts(final)
+    thoughts: dict[tuple[str, int], str] = {}
+    thought: dict[tuple[str, int], str] = {}
+    for e in events:
+        key = (e.get("item_id"), e.get("content_index"))
+        if e["type"] == "response.reasoning_text.delta":
+            thoughts[key] = thoughts.get(key, "") + e["delta"]
+        elif e["type"] == "response.reasoning_text.done":
+            thought[key] = e["text"]
+    assert thoughts == {k: v for k, v in thought.items() if v}
+    assert thought == {
+        (item["id"], j): part["text"]
+        for item in final["output"] if item["type"] == "reasoning"
+        for j, part in enumerate(item["content"])
+    }
     args: dict[str, str] = {}
     for e in events:
         if e["type"] == "response.function_call_arguments.delta":

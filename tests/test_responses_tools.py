@@ -8,7 +8,9 @@ test_default_model.py) through the official SDK: a call forced with
 chat completions give for the same conversation (so the chain rebuilt the
 call and its output in order). On tiny-qwen2 (random weights: constrained
 decoding alone makes the calls valid) the streamed call's argument deltas
-join to the final arguments, and `text.format` JSON schemas are enforced.
+join to the final arguments, `text.format` JSON schemas are enforced, and a
+reasoning section (DeepSeek-R1 template, steered as in test_reasoning.py)
+becomes a `reasoning` item whose streamed deltas join to its text.
 """
 
 from __future__ import annotations
@@ -116,3 +118,42 @@ def test_json_schema_format_is_enforced(qwen):
     assert r["text"]["format"]["type"] == "json_schema"
     assert r["text"]["format"]["schema"] == schema
     jsonschema.validate(json.loads(r["output_text"]), schema)
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    """tiny-qwen2 with the DeepSeek-R1 distill template, whose generation
+    prompt opens `<think>` (see test_reasoning.py)."""
+    import shutil
+
+    from test_reasoning import model_with_template
+    d = model_with_template(tmp_path_factory.mktemp("responses-reasoning"), "deepseek-r1-distill-qwen-32b.jinja")
+    server = harness.Server.start([str(harness.GYRE_BIN), "serve", "--model", str(d),
+                                   "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+    yield server
+    server.stop()
+    shutil.rmtree(d.parent, ignore_errors=True)
+
+
+def test_reasoning_becomes_a_reasoning_item(thinking):
+    # Only the pieces of "</think>" can win, so some seed closes the section
+    # and answers after it (test_reasoning.py's steering).
+    end = [522, 26865, 29]
+    base = {"model": QWEN, "input": "Think, then answer.", "max_output_tokens": 40, "temperature": 1.0,
+            "logit_bias": {str(t): 100 for t in end}}
+    for seed in range(30):
+        r = ru.create(thinking.http, {**base, "seed": seed})
+        if [i["type"] for i in r["output"]] == ["reasoning", "message"] and r["output_text"]:
+            break
+    else:
+        pytest.fail("no seed closed the reasoning section")
+    reasoning = r["output"][0]
+    assert reasoning["content"][0]["type"] == "reasoning_text" and reasoning["content"][0]["text"]
+    assert "</think>" not in reasoning["content"][0]["text"]
+    assert 0 < r["usage"]["output_tokens_details"]["reasoning_tokens"] < r["usage"]["output_tokens"]
+    # The same seed streamed: reasoning deltas join to the item's text.
+    events = ru.stream(thinking.http, {**base, "seed": seed})
+    kinds = [e["type"] for e in events]
+    assert "response.reasoning_text.delta" in kinds and "response.reasoning_text.done" in kinds
+    assert events[-1]["response"]["output"][0]["content"] == reasoning["content"]
+    assert events[-1]["response"]["output_text"] == r["output_text"]
