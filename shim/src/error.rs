@@ -26,6 +26,10 @@ pub enum Api {
     Completions,
     /// `/v1/models`.
     Models,
+    /// `/v1/responses` and `/v1/conversations`: the service names fields in
+    /// OpenAI's spelling already (`input[2].content`), and a NOT_FOUND for a
+    /// response or conversation id keeps its own `param` and `code`.
+    Responses,
 }
 
 /// An error answered as OpenAI error JSON with an HTTP status.
@@ -264,6 +268,15 @@ fn map_code(
         }
         // A valid request this model cannot serve (no chat template).
         Code::FailedPrecondition => client(StatusCode::UNPROCESSABLE_ENTITY, INVALID_REQUEST),
+        // A stored response or conversation that does not exist.
+        Code::NotFound
+            if api == Api::Responses
+                && reason
+                    .as_deref()
+                    .is_some_and(|r| r.eq_ignore_ascii_case("not_found")) =>
+        {
+            client(StatusCode::NOT_FOUND, INVALID_REQUEST)
+        }
         Code::NotFound => client(StatusCode::NOT_FOUND, INVALID_REQUEST)
             .with_param(Some("model".into()))
             .with_code(Some("model_not_found".into())),
@@ -350,6 +363,9 @@ fn retry_after_secs(delay: Option<Duration>) -> u64 {
 /// field violations and `RequestError.field`).
 pub fn openai_param(field: &str, api: Api) -> String {
     let field = field.strip_prefix("request.").unwrap_or(field);
+    if api == Api::Responses {
+        return field.strip_prefix("sampling.").unwrap_or(field).to_owned();
+    }
     let input = if api == Api::Completions {
         "prompt"
     } else {
@@ -567,6 +583,36 @@ mod tests {
         assert_eq!(body["error"]["param"], "prompt");
         assert_eq!(body["error"]["code"], "context_length_exceeded");
         assert_eq!(body["error"]["message"], "prompt is too long");
+    }
+
+    #[test]
+    fn responses_not_found_keeps_param_and_code() {
+        let details =
+            ErrorDetails::with_error_info("not_found", "gyre", std::collections::HashMap::new());
+        let mut details = details;
+        details.set_bad_request(vec![FieldViolation::new("previous_response_id", "unknown")]);
+        let status = Status::with_error_details(Code::NotFound, "no such response", details);
+        let body = ApiError::from_status(&status, Api::Responses).body();
+        assert_eq!(body["error"]["param"], "previous_response_id");
+        assert_eq!(body["error"]["code"], "not_found");
+        // An unknown model stays model_not_found on this API too.
+        let details = ErrorDetails::with_error_info(
+            "MODEL_NOT_FOUND",
+            "gyre",
+            std::collections::HashMap::new(),
+        );
+        let status = Status::with_error_details(Code::NotFound, "no model", details);
+        let body = ApiError::from_status(&status, Api::Responses).body();
+        assert_eq!(body["error"]["param"], "model");
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert_eq!(
+            openai_param("input[2].content", Api::Responses),
+            "input[2].content"
+        );
+        assert_eq!(
+            openai_param("sampling.temperature", Api::Responses),
+            "temperature"
+        );
     }
 
     #[test]

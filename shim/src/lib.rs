@@ -11,7 +11,8 @@
 //! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
 //! configured), [`conn`] (accepting and limiting connections, for this port
-//! and the service's).
+//! and the service's). The Responses API has its own JSON mapping
+//! (`openai::responses_*`) and event stream ([`responses_upstream`]).
 #![forbid(unsafe_code)]
 
 pub mod conn;
@@ -24,6 +25,7 @@ pub mod limits;
 pub mod logging;
 pub mod openai;
 pub mod pool;
+pub mod responses_upstream;
 pub mod routes;
 pub mod sse;
 pub mod structured;
@@ -40,6 +42,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use gyre_api::v1::generation_client::GenerationClient;
+use gyre_api::v1::responses_client::ResponsesClient;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Endpoint;
 use tower_http::trace::TraceLayer;
@@ -101,6 +104,8 @@ impl ShimConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub(crate) client: GenerationClient<Pool>,
+    /// The `gyre.v1.Responses` service (same connections).
+    pub(crate) responses: ResponsesClient<Pool>,
     pub(crate) health: tonic_health::pb::health_client::HealthClient<Pool>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
@@ -131,6 +136,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     };
     Ok(AppState {
         client: GenerationClient::new(pool.clone()),
+        responses: ResponsesClient::new(pool.clone()),
         health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
@@ -150,7 +156,8 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
         .route("/health", get(routes::tokens::health))
-        .route("/version", get(routes::tokens::version))
+        .route("/version", get(routes::tokens::version));
+    let router = responses_routes(router)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -161,6 +168,41 @@ pub fn router(state: AppState) -> Router {
         None => router,
     };
     router.layer(TraceLayer::new_for_http()).with_state(state)
+}
+
+/// The Responses API's routes, each under `/v1` and without it.
+fn responses_routes(mut router: Router<AppState>) -> Router<AppState> {
+    use routes::{conversations as conv, responses as resp};
+    for prefix in ["/v1", ""] {
+        router = router
+            .route(&format!("{prefix}/responses"), post(resp::create))
+            .route(
+                &format!("{prefix}/responses/input_tokens"),
+                post(resp::input_tokens),
+            )
+            .route(
+                &format!("{prefix}/responses/{{id}}"),
+                get(resp::retrieve).delete(resp::delete),
+            )
+            .route(
+                &format!("{prefix}/responses/{{id}}/cancel"),
+                post(resp::cancel),
+            )
+            .route(
+                &format!("{prefix}/responses/{{id}}/input_items"),
+                get(resp::input_items),
+            )
+            .route(&format!("{prefix}/conversations"), post(conv::create))
+            .route(
+                &format!("{prefix}/conversations/{{id}}"),
+                get(conv::retrieve).delete(conv::delete),
+            )
+            .route(
+                &format!("{prefix}/conversations/{{id}}/items"),
+                get(conv::list_items),
+            );
+    }
+    router
 }
 
 /// Serves [`router`] (with the request-body timeout) on `listener` under

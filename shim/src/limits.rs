@@ -21,7 +21,7 @@ use crate::error::{ApiError, INVALID_REQUEST};
 /// JSON schemas (sent on as text) a dozen levels of properties.
 pub const MAX_JSON_DEPTH: usize = 32;
 
-/// Most chat messages in one request.
+/// Most chat messages (or Responses input items) in one request.
 pub const MAX_MESSAGES: usize = 4096;
 
 /// Most tools in one chat request (OpenAI's documented limit too).
@@ -107,8 +107,10 @@ impl Scan {
 /// Fails when a list (or map) of the request body has more items than its
 /// limit. `body` is the parsed top-level object.
 pub fn check_sizes(body: &Value) -> Result<(), ApiError> {
-    let limits: [(&[&str], &str, usize); 6] = [
+    let limits: [(&[&str], &str, usize); 7] = [
         (&["messages"], "messages", MAX_MESSAGES),
+        // The Responses API's input items.
+        (&["input"], "items", MAX_MESSAGES),
         (&["tools"], "tools", MAX_TOOLS),
         (&["logit_bias"], "entries", MAX_LOGIT_BIAS),
         (&["stop_token_ids"], "token ids", MAX_STOP_TOKEN_IDS),

@@ -3,7 +3,9 @@
 
 pub mod chat;
 pub mod completions;
+pub mod conversations;
 pub mod models;
+pub mod responses;
 pub mod tokens;
 
 use axum::http::{Method, Uri};
