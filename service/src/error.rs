@@ -44,6 +44,13 @@ pub enum ServiceError {
     /// The server is draining for shutdown and takes no new requests.
     #[error("the server is shutting down and accepts no new requests")]
     Draining,
+    /// Admin: a name or alias already served: ALREADY_EXISTS.
+    #[error("the name `{}` is already served", gyre_api::clip(.0))]
+    ModelExists(String),
+    /// Admin: a model that does not fit the device's memory:
+    /// RESOURCE_EXHAUSTED.
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl ServiceError {
@@ -84,6 +91,13 @@ impl ServiceError {
                 message.clone(),
             ),
             Self::Draining => (Code::Unavailable, "DRAINING", None, self.to_string()),
+            Self::ModelExists(_) => (
+                Code::AlreadyExists,
+                "MODEL_EXISTS",
+                Some("name".into()),
+                self.to_string(),
+            ),
+            Self::OutOfMemory(m) => (Code::ResourceExhausted, "OUT_OF_MEMORY", None, m.clone()),
             Self::DuplicateRequestId(_) => (
                 Code::AlreadyExists,
                 "DUPLICATE_REQUEST_ID",

@@ -5,6 +5,7 @@
 //! one output pipeline per choice (`pipeline`). Errors map to `tonic::Status` in
 //! exactly one place (`error`).
 
+pub mod admin;
 pub mod chat;
 mod choice;
 pub mod compact;
@@ -15,6 +16,7 @@ pub mod holdback;
 pub mod multiplex;
 pub mod pipeline;
 pub mod reasoning;
+pub mod registry;
 pub mod request;
 pub mod resolve;
 pub mod runtime;

@@ -1,11 +1,13 @@
 //! The gRPC server's routes: gyre.v1.Generation (behind the API-key check),
-//! grpc.health.v1 (overall and per model), server reflection v1 and v1alpha
+//! gyre.v1.Admin (behind the admin key), grpc.health.v1 (overall and per
+//! model name and alias, following the registry), server reflection v1 and v1alpha
 //! (gyre's and health's descriptors), and gRPC-Web through tonic-web. The
 //! `gyre` binary serves them with the same connection handling as the HTTP
 //! API (`gyre_shim::conn`), so this library does not depend on the shim.
 
 use std::sync::Arc;
 
+use gyre_api::v1::admin_server::AdminServer;
 use gyre_api::v1::generation_server::GenerationServer;
 use tokio::sync::watch;
 use tonic::service::Routes;
@@ -13,7 +15,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 use tower::Layer as _;
 
+use crate::admin::{AdminKeyCheck, AdminService};
 use crate::grpc::GenerationService;
+use crate::registry::load::LoadDefaults;
+use crate::registry::{Entry, Registry};
 use crate::runtime::ModelRuntime;
 
 /// Checks `authorization: Bearer <key>` when a key is configured: the
@@ -54,6 +59,18 @@ impl tonic::service::Interceptor for ApiKeyCheck {
 /// Every gRPC route, as one HTTP service (HTTP/2, and HTTP/1 for gRPC-Web).
 pub type GrpcService = tonic_web::GrpcWebService<Routes>;
 
+/// What the gRPC routes need besides the models.
+#[derive(Default)]
+pub struct ServerOptions {
+    /// `--api-key`: guards gyre.v1.Generation.
+    pub api_key: Option<String>,
+    /// `--admin-api-key`: guards gyre.v1.Admin; None: the admin service is
+    /// off (UNIMPLEMENTED).
+    pub admin_api_key: Option<String>,
+    /// How the admin service loads models.
+    pub load_defaults: Option<LoadDefaults>,
+}
+
 /// The gRPC service over `models`, ready to serve. Once `draining` turns
 /// true, health reports NOT_SERVING (overall, the service and each model)
 /// and new generation requests get UNAVAILABLE while running ones finish.
@@ -62,18 +79,29 @@ pub async fn grpc_service(
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
 ) -> anyhow::Result<GrpcService> {
+    let entries = models.into_iter().map(Entry::generative).collect();
+    let opts = ServerOptions {
+        api_key,
+        ..ServerOptions::default()
+    };
+    grpc_service_for(Arc::new(Registry::unchecked(entries)), opts, draining).await
+}
+
+/// The gRPC service over the models of `registry` (which the admin service
+/// may change while it serves), with per-model health that follows it.
+pub async fn grpc_service_for(
+    registry: Arc<Registry>,
+    opts: ServerOptions,
+    draining: watch::Receiver<bool>,
+) -> anyhow::Result<GrpcService> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
         .set_serving::<GenerationServer<GenerationService>>()
         .await;
-    for m in &models {
-        health
-            .set_service_status(&m.id, tonic_health::ServingStatus::Serving)
-            .await;
-    }
+    registry.attach_health(health.clone()).await;
     {
         let mut draining = draining.clone();
-        let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
+        let registry = registry.clone();
         tokio::spawn(async move {
             if draining.wait_for(|d| *d).await.is_err() {
                 return;
@@ -84,11 +112,7 @@ pub async fn grpc_service(
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
-            for id in ids {
-                health
-                    .set_service_status(&id, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
+            registry.all_not_serving().await;
         });
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -100,13 +124,21 @@ pub async fn grpc_service(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let generation = InterceptedService::new(
-        GenerationServer::new(GenerationService::new(models, draining)),
-        ApiKeyCheck::new(api_key),
+        GenerationServer::new(GenerationService::with_registry(
+            registry.clone(),
+            draining.clone(),
+        )),
+        ApiKeyCheck::new(opts.api_key.clone()),
+    );
+    let admin = InterceptedService::new(
+        AdminServer::new(AdminService::new(registry, opts.load_defaults, draining)),
+        AdminKeyCheck::new(opts.admin_api_key, opts.api_key),
     );
     let routes = Routes::new(health_svc)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(generation)
+        .add_service(admin)
         .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.
     Ok(tonic_web::GrpcWebLayer::new().layer(routes))
