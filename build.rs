@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/gyre/v1/generate.proto",
         "proto/gyre/v1/responses.proto",
+        "proto/gyre/v1/admin.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

@@ -97,7 +97,10 @@ class Server:
         environment) plus `RUST_LOG`."""
         require_file(Path(argv[0]), "gyre binary (GYRE_BIN / GYRE_SHIM_BIN)")
         fd, err_name = tempfile.mkstemp(prefix="gyre-stderr-", suffix=".log")
-        base = os.environ if env is None else env
+        base = dict(os.environ if env is None else env)
+        # Each server keeps its Responses store (default under
+        # $XDG_DATA_HOME/gyre) in a directory of its own, never the user's.
+        base.setdefault("XDG_DATA_HOME", tempfile.mkdtemp(prefix="gyre-data-"))
         with os.fdopen(fd, "wb") as err:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,

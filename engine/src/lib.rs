@@ -289,6 +289,11 @@ pub(crate) enum Command {
     },
 }
 
+/// Whether libtorch sees a CUDA device (what `DeviceChoice::Auto` picks).
+pub fn cuda_available() -> bool {
+    tch::Cuda::is_available()
+}
+
 /// A handle to the engine thread; cheap to clone.
 #[derive(Clone)]
 pub struct Engine {

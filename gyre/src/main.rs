@@ -16,9 +16,11 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
+use gyre_service::registry::load::{self, LoadDefaults};
+use gyre_service::registry::spec::{self, ModelSpec};
+use gyre_service::registry::{Registry, memory};
 use gyre_service::resolve;
-use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::grpc_service_with_store;
+use gyre_service::server::{ServerOptions, grpc_service_for};
 use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -64,26 +66,38 @@ enum Command {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// A GGUF file (llama architecture, GPT-2 style tokenizer), a
-    /// HuggingFace model directory (config.json, *.safetensors,
+    /// A model to serve (repeatable; the first is the default): a GGUF file,
+    /// a HuggingFace model directory (config.json, *.safetensors,
     /// tokenizer.json, ...), or a hub id (`org/name`) already in the local
     /// HuggingFace cache (HF_HUB_CACHE, else HF_HOME/hub, else
-    /// ~/.cache/huggingface/hub; nothing is downloaded). An existing path
-    /// wins over a hub id. Default: SmolLM2-135M-Instruct, linked there by
-    /// `make setup`.
-    #[arg(
-        long,
-        env = "GYRE_MODEL",
-        default_value = ".gyre/models/smollm2-135m-instruct.gguf"
-    )]
-    model: String,
+    /// ~/.cache/huggingface/hub; nothing is downloaded), optionally
+    /// followed by `,key=value` items: name, alias (repeatable), version,
+    /// revision, deprecated, sunset (dates: YYYY-MM-DD or RFC 3339),
+    /// owned_by, kv_cache_mib. An existing path wins over a hub id.
+    /// Default (without --model and --config): SmolLM2-135M-Instruct,
+    /// linked there by `make setup`.
+    #[arg(long, env = "GYRE_MODEL")]
+    model: Vec<String>,
+    /// A TOML file listing models to serve (after those of --model): a
+    /// `[[models]]` table each, with `source` and the keys --model takes
+    /// (`aliases` a list).
+    #[arg(long, env = "GYRE_CONFIG")]
+    config: Option<std::path::PathBuf>,
     /// For a hub id: the branch, tag or commit to serve (default: main).
+    /// Only with a single model (else use `revision=` in its spec).
     #[arg(long, env = "GYRE_REVISION")]
     revision: Option<String>,
     /// Model id clients use (default: the hub id; for a path, the
-    /// directory's name, or the GGUF file's without `.gguf`).
+    /// directory's name, or the GGUF file's without `.gguf`). Only with a
+    /// single model (else use `name=` in its spec).
     #[arg(long, env = "GYRE_SERVED_MODEL_NAME")]
     served_model_name: Option<String>,
+    /// Device memory, in MiB, that the models' budgets (weights and KV
+    /// cache) are checked against at start instead of the measured free
+    /// memory (the host's available RAM on the CPU; on CUDA nothing is
+    /// checked without this).
+    #[arg(long, env = "GYRE_DEVICE_MEMORY_MIB")]
+    device_memory_mib: Option<u64>,
     /// Where to run the model.
     #[arg(long, env = "GYRE_DEVICE", value_enum, default_value = "auto")]
     device: Device,
@@ -115,8 +129,9 @@ struct ModelArgs {
 /// Scheduler and KV-cache settings.
 #[derive(Args)]
 struct EngineArgs {
-    /// Memory for the paged KV cache, in MiB (capped at what --max-running
-    /// sequences of full context need).
+    /// Memory for the paged KV cache of each model, in MiB (capped at what
+    /// --max-running sequences of full context need; a model's
+    /// `kv_cache_mib` overrides it).
     #[arg(long, env = "GYRE_KV_CACHE_MIB", default_value_t = 1024)]
     kv_cache_mib: u64,
     /// Exact number of KV blocks (overrides --kv-cache-mib).
@@ -155,6 +170,12 @@ struct GrpcArgs {
     /// the scheme in any case; the key is compared in constant time.
     #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Turns the admin service (gyre.v1.Admin: load and unload models) on,
+    /// guarded by this key (`authorization: Bearer <key>`). It grants
+    /// nothing else, and --api-key does not grant it. Unset: the admin
+    /// service answers UNIMPLEMENTED.
+    #[arg(long, env = "GYRE_ADMIN_API_KEY", hide_env_values = true)]
+    admin_api_key: Option<String>,
     /// On SIGTERM or Ctrl-C: seconds to let running requests finish while
     /// health reports NOT_SERVING (HTTP /health 503) and new requests get
     /// UNAVAILABLE (HTTP 503). A second signal stops at once.
@@ -288,36 +309,51 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<ModelRuntime>> {
+/// The default model, when neither --model nor --config names one.
+const DEFAULT_MODEL: &str = ".gyre/models/smollm2-135m-instruct.gguf";
+
+/// The models to serve, as specs: --model's, then the config file's.
+fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
+    let mut specs = args
+        .model
+        .iter()
+        .map(|m| ModelSpec::parse(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--config {}", path.display()))?;
+        let listed = spec::parse_config(&text, &path.display().to_string())?;
+        if listed.is_empty() {
+            anyhow::bail!("--config {}: lists no [[models]]", path.display());
+        }
+        specs.extend(listed);
+    }
+    if specs.is_empty() {
+        specs.push(ModelSpec::source(DEFAULT_MODEL));
+    }
+    if args.served_model_name.is_some() || args.revision.is_some() {
+        let [only] = specs.as_mut_slice() else {
+            anyhow::bail!(
+                "--served-model-name and --revision apply to a single model; with several, give each its own `name=` / `revision=`"
+            );
+        };
+        if args.served_model_name.is_some() {
+            only.name.clone_from(&args.served_model_name);
+        }
+        if args.revision.is_some() {
+            only.revision.clone_from(&args.revision);
+        }
+    }
+    Ok(specs)
+}
+
+/// How every model is loaded (also the admin service's).
+fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<LoadDefaults> {
     let device = match args.device {
         Device::Auto => DeviceChoice::Auto,
         Device::Cpu => DeviceChoice::Cpu,
         Device::Cuda => DeviceChoice::Cuda,
     };
-    let cache = resolve::hub_cache_dir();
-    let resolved = resolve::resolve(&args.model, args.revision.as_deref(), &cache)?;
-    if let Some(hub) = &resolved.hub {
-        tracing::info!(
-            model = %hub.repo_id,
-            revision = %hub.revision,
-            commit = %hub.commit,
-            path = %resolved.path.display(),
-            "model found in the HuggingFace cache"
-        );
-    }
-    let served_name = args
-        .served_model_name
-        .or_else(|| resolved.hub.map(|h| h.repo_id));
-    let mut opts = gyre_engine::EngineOptions::new(resolved.path);
-    opts.device = device;
-    opts.load_progress = Some(load_progress(log_format));
-    opts.kv_cache_bytes = args.engine.kv_cache_mib << 20;
-    opts.num_blocks = args.engine.num_kv_blocks;
-    opts.block_size = args.engine.block_size;
-    opts.max_running = args.engine.max_running;
-    opts.token_budget = args.engine.max_batch_tokens;
-    opts.queue_capacity = args.engine.max_queue;
-    opts.compute_threads = args.engine.compute_threads;
     let text = gyre_service::runtime::TextOptions {
         chat_template: args
             .chat_template
@@ -331,9 +367,59 @@ async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<Mode
             .and_then(gyre_service::tools::ToolFormat::from_name),
         reasoning_parser: args.reasoning_parser,
     };
-    let rt =
-        tokio::task::spawn_blocking(move || ModelRuntime::load(opts, served_name, text)).await??;
-    Ok(Arc::new(rt))
+    let e = &args.engine;
+    Ok(LoadDefaults {
+        device,
+        kv_cache_mib: e.kv_cache_mib,
+        num_kv_blocks: e.num_kv_blocks,
+        block_size: e.block_size,
+        max_running: e.max_running,
+        max_batch_tokens: e.max_batch_tokens,
+        max_queue: e.max_queue,
+        compute_threads: e.compute_threads,
+        text,
+        load_progress: Some(load_progress(log_format)),
+        hub_cache: resolve::hub_cache_dir(),
+        device_memory: args.device_memory_mib.map(|m| m << 20),
+    })
+}
+
+/// Resolves every model, checks their names and that they fit the device
+/// together, then loads them in order.
+async fn load(specs: Vec<ModelSpec>, defaults: &LoadDefaults) -> anyhow::Result<Registry> {
+    let d = defaults.clone();
+    let plans = tokio::task::spawn_blocking(move || {
+        specs
+            .into_iter()
+            .map(|s| load::plan(s, &d))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await??;
+    let mut names = std::collections::HashSet::new();
+    for p in &plans {
+        for n in std::iter::once(&p.id).chain(&p.spec.aliases) {
+            if !names.insert(n.as_str()) {
+                anyhow::bail!(
+                    "the model name `{n}` is given twice (served names and aliases must be unique; set `name=` to tell models apart)"
+                );
+            }
+        }
+    }
+    let budgets: Vec<_> = plans.iter().map(|p| p.budget.clone()).collect();
+    match load::device_memory(defaults) {
+        Some(available) => {
+            memory::check(&budgets, available, 0).map_err(anyhow::Error::msg)?;
+        }
+        None => tracing::warn!(
+            "device memory not checked: CUDA's free memory is not measured (set --device-memory-mib)"
+        ),
+    }
+    let mut entries = Vec::with_capacity(plans.len());
+    for p in plans {
+        let d = defaults.clone();
+        entries.push(tokio::task::spawn_blocking(move || load::load(p, &d)).await??);
+    }
+    Ok(Registry::new(entries)?)
 }
 
 /// How weight loading shows progress: a bar redrawn in place when text
@@ -433,19 +519,19 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
-    let runtime = load(model, cli.log_format).await?;
+    let specs = model_specs(&model)?;
+    let defaults = load_defaults(&model, cli.log_format)?;
+    let registry = Arc::new(load(specs, &defaults).await?);
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
-        let (mut drain_rx, runtime, timeout) =
-            (drain_rx.clone(), runtime.clone(), grpc.drain_timeout);
+        let (mut drain_rx, registry, timeout) =
+            (drain_rx.clone(), registry.clone(), grpc.drain_timeout);
         tokio::spawn(async move {
             if drain_rx.wait_for(|d| *d).await.is_err() {
                 return;
             }
-            let idle = runtime
-                .engine
-                .wait_stats(|s| s.running == 0 && s.waiting == 0);
+            let idle = registry.wait_idle();
             let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
             if tokio::time::timeout(limit, idle).await.is_err() {
                 tracing::warn!(
@@ -473,13 +559,13 @@ async fn run() -> anyhow::Result<()> {
                 .display()
         )
     })?;
-    let grpc_routes = grpc_service_with_store(
-        vec![runtime],
-        grpc.api_key.clone(),
-        drain_rx,
-        Arc::new(store),
-    )
-    .await?;
+    let server_opts = ServerOptions {
+        api_key: grpc.api_key.clone(),
+        admin_api_key: grpc.admin_api_key.clone(),
+        load_defaults: Some(defaults),
+        store: Some(Arc::new(store)),
+    };
+    let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let grpc_task = tokio::spawn(gyre_shim::conn::serve(
         grpc_listener,
         grpc_routes,

@@ -48,6 +48,13 @@ pub enum ServiceError {
     /// exist: NOT_FOUND, reason "not_found", `field` naming the parameter.
     #[error("{message}")]
     NotFound { field: String, message: String },
+    /// Admin: a name or alias already served: ALREADY_EXISTS.
+    #[error("the name `{}` is already served", gyre_api::clip(.0))]
+    ModelExists(String),
+    /// Admin: a model that does not fit the device's memory:
+    /// RESOURCE_EXHAUSTED.
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl ServiceError {
@@ -94,6 +101,13 @@ impl ServiceError {
                 Some(field.clone()),
                 message.clone(),
             ),
+            Self::ModelExists(_) => (
+                Code::AlreadyExists,
+                "MODEL_EXISTS",
+                Some("name".into()),
+                self.to_string(),
+            ),
+            Self::OutOfMemory(m) => (Code::ResourceExhausted, "OUT_OF_MEMORY", None, m.clone()),
             Self::DuplicateRequestId(_) => (
                 Code::AlreadyExists,
                 "DUPLICATE_REQUEST_ID",

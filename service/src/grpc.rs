@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::choice::{Choice, run};
 use crate::error::ServiceError;
+use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
 
@@ -31,21 +32,31 @@ pub(crate) const STREAM_BUFFER: usize = 64;
 
 #[derive(Clone)]
 pub struct GenerationService {
-    pub(crate) models: Arc<Vec<Arc<ModelRuntime>>>,
+    pub(crate) models: Arc<Registry>,
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,
 }
 
 impl GenerationService {
+    /// The service over a fixed list of models (no aliases, no catalogue
+    /// beyond the runtimes' own ids).
     pub fn new(
         models: Vec<Arc<ModelRuntime>>,
         draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self {
-            models: Arc::new(models),
-            draining,
-        }
+        let entries = models.into_iter().map(Entry::generative).collect();
+        let registry = Registry::unchecked(entries);
+        Self::with_registry(Arc::new(registry), draining)
+    }
+
+    /// The service over the models of `registry` (which may change while it
+    /// serves).
+    pub fn with_registry(
+        models: Arc<Registry>,
+        draining: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self { models, draining }
     }
 
     /// Validates and submits a request; one event receiver per choice.
@@ -53,18 +64,27 @@ impl GenerationService {
         &self,
         req: v1::Request,
     ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
+        self.prepare_entry(req).await.map(|(p, c, _)| (p, c))
+    }
+
+    /// [`Self::prepare`], also returning the model's registry entry.
+    pub(crate) async fn prepare_entry(
+        &self,
+        req: v1::Request,
+    ) -> Result<(Arc<Prepared>, Vec<Choice>, Arc<Entry>), ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
-        let models = self.models.clone();
-        let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
+        let entry = self.models.resolve(&req.model)?;
+        let model = entry.generative_runtime()?.clone();
+        let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let rxs = prepared
             .model
             .engine
             .submit_n(prepared.engine_req.clone(), prepared.n)?;
-        Ok((Arc::new(prepared), rxs))
+        Ok((Arc::new(prepared), rxs, entry))
     }
 
     /// Runs every choice of a prepared request in its own task.
@@ -201,7 +221,7 @@ impl Generation for GenerationService {
             req.request_id = format!("req-{:016x}", rand_id());
         }
         let id = req.request_id.clone();
-        let (p, choices) = self.prepare(req).await?;
+        let (p, choices, entry) = self.prepare_entry(req).await?;
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
         GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single, deadline);
@@ -209,7 +229,9 @@ impl Generation for GenerationService {
         // (noticed by each choice through its output channel); keep the
         // switch alive until every choice is done.
         tokio::spawn(async move { cancel_tx.closed().await });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as EventStream);
+        model_metadata(response.metadata_mut(), &entry);
+        Ok(response)
     }
 
     async fn tokenize(
@@ -217,10 +239,10 @@ impl Generation for GenerationService {
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
         let req = request.into_inner();
-        let models = self.models.clone();
+        let entry = self.models.resolve(&req.model)?;
+        let model = entry.generative_runtime()?.clone();
         let resp =
             tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
-                let model = request::resolve(&models, &req.model)?;
                 let (prompt, ids) = match &req.input {
                     Some(tokenize_request::Input::Text(t)) => (
                         t.clone(),
@@ -247,7 +269,9 @@ impl Generation for GenerationService {
             })
             .await
             .map_err(|e| Status::from(ServiceError::Internal(e.to_string())))??;
-        Ok(Response::new(resp))
+        let mut response = Response::new(resp);
+        model_metadata(response.metadata_mut(), &entry);
+        Ok(response)
     }
 
     async fn detokenize(
@@ -255,16 +279,20 @@ impl Generation for GenerationService {
         request: Request<DetokenizeRequest>,
     ) -> Result<Response<DetokenizeResponse>, Status> {
         let req = request.into_inner();
-        let model = request::resolve(&self.models, &req.model)?;
-        let text = model.decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
-        Ok(Response::new(DetokenizeResponse { text }))
+        let entry = self.models.resolve(&req.model)?;
+        let text = entry
+            .generative_runtime()?
+            .decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
+        let mut response = Response::new(DetokenizeResponse { text });
+        model_metadata(response.metadata_mut(), &entry);
+        Ok(response)
     }
 
     async fn get_stats(
         &self,
         request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::EngineStats>, Status> {
-        let model = request::resolve(&self.models, &request.into_inner().model)?;
+        let model = self.models.runtime(&request.into_inner().model)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EngineStats {
             model: model.id.clone(),
@@ -287,19 +315,23 @@ impl Generation for GenerationService {
         &self,
         _: Request<ListModelsRequest>,
     ) -> Result<Response<ListModelsResponse>, Status> {
-        let models = self
-            .models
-            .iter()
-            .map(|m| v1::Model {
-                id: m.id.clone(),
-                owned_by: m.owned_by.clone(),
-                created: m.created,
-                max_model_len: m.engine.info().max_model_len,
-                vocab_size: m.engine.info().vocab_size,
-                architecture: m.engine.info().architecture.clone(),
-            })
-            .collect();
+        let models = self.models.list().iter().map(|e| e.to_proto()).collect();
         Ok(Response::new(ListModelsResponse { models }))
+    }
+}
+
+/// The response metadata naming the model that serves a call (`gyre-model`,
+/// its id, whatever name the request used) and, for a deprecated model, its
+/// `deprecation` and `sunset` notices.
+pub(crate) fn model_metadata(meta: &mut tonic::metadata::MetadataMap, entry: &Entry) {
+    use tonic::metadata::MetadataValue;
+    if let Ok(v) = MetadataValue::try_from(entry.card.id.as_str()) {
+        meta.insert("gyre-model", v);
+    }
+    for (name, value) in entry.notice() {
+        if let Ok(v) = MetadataValue::try_from(value.as_str()) {
+            meta.insert(name, v);
+        }
     }
 }
 

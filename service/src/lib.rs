@@ -6,6 +6,7 @@
 //! exactly one place (`error`). The Responses API (`responses`) is a third
 //! output format over the same generation, with its own store.
 
+pub mod admin;
 pub mod chat;
 mod choice;
 pub mod compact;
@@ -16,6 +17,7 @@ pub mod holdback;
 pub mod multiplex;
 pub mod pipeline;
 pub mod reasoning;
+pub mod registry;
 pub mod request;
 pub mod resolve;
 pub mod responses;

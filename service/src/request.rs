@@ -324,7 +324,12 @@ fn sampling(
 
 /// Validates a request and builds the engine request (blocking: tokenizes).
 pub fn prepare(models: &[Arc<ModelRuntime>], req: &v1::Request) -> Result<Prepared, ServiceError> {
-    let model = resolve(models, &req.model)?;
+    prepare_for(resolve(models, &req.model)?, req)
+}
+
+/// [`prepare`] for a model already resolved (by the registry, which also
+/// knows aliases).
+pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepared, ServiceError> {
     let tools = tool_plan(&model, req)?;
     // tool_choice NONE: the template does not see the tools.
     let cleared;

@@ -1,12 +1,13 @@
 //! The gRPC server's routes: gyre.v1.Generation and gyre.v1.Responses
-//! (behind the API-key check),
-//! grpc.health.v1 (overall and per model), server reflection v1 and v1alpha
+//! (behind the API-key check), gyre.v1.Admin (behind the admin key), grpc.health.v1 (overall and per
+//! model name and alias, following the registry), server reflection v1 and v1alpha
 //! (gyre's and health's descriptors), and gRPC-Web through tonic-web. The
 //! `gyre` binary serves them with the same connection handling as the HTTP
 //! API (`gyre_shim::conn`), so this library does not depend on the shim.
 
 use std::sync::Arc;
 
+use gyre_api::v1::admin_server::AdminServer;
 use gyre_api::v1::generation_server::GenerationServer;
 use gyre_api::v1::responses_server::ResponsesServer;
 use tokio::sync::watch;
@@ -15,8 +16,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 use tower::Layer as _;
 
+use crate::admin::{AdminKeyCheck, AdminService};
 use crate::grpc::GenerationService;
 use crate::responses::{ResponsesService, Store, StoreConfig};
+use crate::registry::load::LoadDefaults;
+use crate::registry::{Entry, Registry};
 use crate::runtime::ModelRuntime;
 
 /// Checks `authorization: Bearer <key>` when a key is configured: the
@@ -57,26 +61,58 @@ impl tonic::service::Interceptor for ApiKeyCheck {
 /// Every gRPC route, as one HTTP service (HTTP/2, and HTTP/1 for gRPC-Web).
 pub type GrpcService = tonic_web::GrpcWebService<Routes>;
 
-/// The gRPC service over `models`, ready to serve, with an in-memory
-/// Responses store (see [`grpc_service_with_store`]).
+/// What the gRPC routes need besides the models.
+#[derive(Default)]
+pub struct ServerOptions {
+    /// `--api-key`: guards gyre.v1.Generation.
+    pub api_key: Option<String>,
+    /// `--admin-api-key`: guards gyre.v1.Admin; None: the admin service is
+    /// off (UNIMPLEMENTED).
+    pub admin_api_key: Option<String>,
+    /// How the admin service loads models.
+    pub load_defaults: Option<LoadDefaults>,
+    /// Where gyre.v1.Responses keeps responses; None: an in-memory store.
+    pub store: Option<Arc<Store>>,
+}
+
+/// The gRPC service over `models`, ready to serve. Once `draining` turns
+/// true, health reports NOT_SERVING (overall, the service and each model)
+/// and new generation requests get UNAVAILABLE while running ones finish.
 pub async fn grpc_service(
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
 ) -> anyhow::Result<GrpcService> {
-    let store = Arc::new(Store::open(StoreConfig::default())?);
-    grpc_service_with_store(models, api_key, draining, store).await
+    let entries = models.into_iter().map(Entry::generative).collect();
+    let opts = ServerOptions {
+        api_key,
+        ..ServerOptions::default()
+    };
+    grpc_service_for(Arc::new(Registry::unchecked(entries)), opts, draining).await
 }
 
-/// The gRPC service over `models`, ready to serve, keeping responses in
-/// `store`. Once `draining` turns true, health reports NOT_SERVING
-/// (overall, the service and each model) and new generation requests get
-/// UNAVAILABLE while running ones finish.
+/// [`grpc_service`] keeping responses in `store`.
 pub async fn grpc_service_with_store(
     models: Vec<Arc<ModelRuntime>>,
     api_key: Option<String>,
     draining: watch::Receiver<bool>,
     store: Arc<Store>,
+) -> anyhow::Result<GrpcService> {
+    let entries = models.into_iter().map(Entry::generative).collect();
+    let opts = ServerOptions {
+        api_key,
+        store: Some(store),
+        ..ServerOptions::default()
+    };
+    grpc_service_for(Arc::new(Registry::unchecked(entries)), opts, draining).await
+}
+
+/// The gRPC service over the models of `registry` (which the admin service
+/// may change while it serves), with per-model health that follows it.
+pub async fn grpc_service_for(
+    registry: Arc<Registry>,
+    opts: ServerOptions,
+    draining: watch::Receiver<bool>,
 ) -> anyhow::Result<GrpcService> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health
@@ -85,14 +121,10 @@ pub async fn grpc_service_with_store(
     health
         .set_serving::<ResponsesServer<ResponsesService>>()
         .await;
-    for m in &models {
-        health
-            .set_service_status(&m.id, tonic_health::ServingStatus::Serving)
-            .await;
-    }
+    registry.attach_health(health.clone()).await;
     {
         let mut draining = draining.clone();
-        let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
+        let registry = registry.clone();
         tokio::spawn(async move {
             if draining.wait_for(|d| *d).await.is_err() {
                 return;
@@ -106,11 +138,7 @@ pub async fn grpc_service_with_store(
             health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
-            for id in ids {
-                health
-                    .set_service_status(&id, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
+            registry.all_not_serving().await;
         });
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -121,18 +149,29 @@ pub async fn grpc_service_with_store(
         .register_encoded_file_descriptor_set(gyre_api::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let gen_service = GenerationService::new(models, draining);
-    let check = ApiKeyCheck::new(api_key);
+    let store = match opts.store {
+        Some(store) => store,
+        None => Arc::new(Store::open(StoreConfig::default())?),
+    };
+    let gen_service = GenerationService::with_registry(registry.clone(), draining.clone());
     let responses = InterceptedService::new(
         ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
-        check.clone(),
+        ApiKeyCheck::new(opts.api_key.clone()),
     );
-    let generation = InterceptedService::new(GenerationServer::new(gen_service), check);
+    let generation = InterceptedService::new(
+        GenerationServer::new(gen_service),
+        ApiKeyCheck::new(opts.api_key.clone()),
+    );
+    let admin = InterceptedService::new(
+        AdminServer::new(AdminService::new(registry, opts.load_defaults, draining)),
+        AdminKeyCheck::new(opts.admin_api_key, opts.api_key),
+    );
     let routes = Routes::new(health_svc)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(generation)
         .add_service(responses)
+        .add_service(admin)
         .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.
     Ok(tonic_web::GrpcWebLayer::new().layer(routes))

@@ -57,7 +57,11 @@ pub fn layer(origins: &[String]) -> Result<Option<CorsLayer>, CorsError> {
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST])
             .allow_headers(AllowHeaders::mirror_request())
-            .expose_headers([http::header::RETRY_AFTER])
+            .expose_headers([
+                http::header::RETRY_AFTER,
+                http::HeaderName::from_static("deprecation"),
+                http::HeaderName::from_static("sunset"),
+            ])
             .max_age(PREFLIGHT_MAX_AGE),
     ))
 }

@@ -23,6 +23,7 @@ pub mod extract;
 pub mod guarded;
 pub mod limits;
 pub mod logging;
+pub mod notice;
 pub mod openai;
 pub mod pool;
 pub mod responses_upstream;
@@ -153,6 +154,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(routes::completions::create))
         .route("/v1/models", get(routes::models::list))
         .route("/v1/models/{*id}", get(routes::models::retrieve))
+        .route(
+            "/dynamo/alpha/list-models",
+            get(routes::models::dynamo_list),
+        )
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
         .route("/health", get(routes::tokens::health))

@@ -101,6 +101,8 @@ pub enum Step {
 /// One running `GenerateStream` call.
 pub struct Generation {
     stream: Streaming<pb::GenerateResponse>,
+    /// What the service said about the model (response metadata).
+    notice: crate::notice::ModelNotice,
     /// Steps read ahead: the first (read by [`Generation::start`]) and the
     /// later pieces of a delta that carried several.
     peeked: std::collections::VecDeque<Step>,
@@ -174,13 +176,15 @@ impl Generation {
         let deadline = state.request_timeout.map(|t| Instant::now() + t);
         let n = request.n.unwrap_or(1).max(1);
         let mut client = state.client.clone();
-        let stream = client
+        let response = client
             .generate_stream(grpc_request(state, headers, request))
             .await
-            .map_err(|status| ApiError::from_status(&status, api))?
-            .into_inner();
+            .map_err(|status| ApiError::from_status(&status, api))?;
+        let notice = crate::notice::ModelNotice::from_metadata(response.metadata());
+        let stream = response.into_inner();
         let mut generation = Self {
             stream,
+            notice,
             peeked: Default::default(),
             deadline,
             api,
@@ -267,6 +271,9 @@ impl Generation {
 /// of prompt `i` becomes choice `i * n + j`, and the single `End` carries the
 /// summed usage. Dropping it drops (cancels) every call.
 pub struct Merged {
+    /// The first call's model notice (every call of a batch names the same
+    /// model).
+    notice: crate::notice::ModelNotice,
     streams: futures::stream::SelectAll<
         futures::stream::BoxStream<'static, (u32, Result<Step, ApiError>)>,
     >,
@@ -280,6 +287,10 @@ impl Merged {
     pub fn new(generations: Vec<Generation>, n: u32) -> Self {
         use futures::StreamExt;
         let remaining = generations.len();
+        let notice = generations
+            .first()
+            .map(|g| g.notice.clone())
+            .unwrap_or_default();
         let streams = generations.into_iter().zip(0u32..).map(|(g, i)| {
             futures::stream::unfold(Some(g), move |g| async move {
                 let mut g = g?;
@@ -290,6 +301,7 @@ impl Merged {
             .boxed()
         });
         Self {
+            notice,
             streams: futures::stream::select_all(streams),
             n: n.max(1),
             remaining,
@@ -309,6 +321,11 @@ impl Merged {
             .into_iter()
             .map(|r| Generation::start(state, headers, r, api));
         Ok(Self::new(futures::future::try_join_all(starts).await?, n))
+    }
+
+    /// What the service said about the model that serves these calls.
+    pub fn notice(&self) -> &crate::notice::ModelNotice {
+        &self.notice
     }
 
     /// The next step of any generation, with the merged choice index.

@@ -487,7 +487,8 @@ async fn models_list_and_retrieve() {
     assert_eq!(
         list["data"][0],
         json!({"id": "tiny/llama", "object": "model", "created": 1_700_000_000,
-               "owned_by": "gyre", "max_model_len": 2048})
+               "owned_by": "gyre", "max_model_len": 2048, "aliases": [], "version": "",
+               "deprecation": null, "sunset": null, "kind": "generate", "chat": false})
     );
     let one = json_of(h.get("/v1/models/tiny/llama").await).await;
     assert_eq!(one["id"], "tiny/llama");

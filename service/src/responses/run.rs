@@ -125,8 +125,8 @@ pub async fn prepare(
         let result = if submit {
             generation.prepare(req).await
         } else {
-            let models = generation.models.clone();
-            tokio::task::spawn_blocking(move || crate::request::prepare(&models, &req))
+            let model = generation.models.runtime(&req.model)?;
+            tokio::task::spawn_blocking(move || crate::request::prepare_for(model, &req))
                 .await
                 .map_err(|e| ServiceError::Internal(e.to_string()))?
                 .map(|p| (Arc::new(p), Vec::new()))

@@ -352,7 +352,7 @@ pub struct ModelList {
     pub data: Vec<ModelObject>,
 }
 
-/// One model.
+/// One model: OpenAI's fields plus gyre's catalogue (extensions).
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelObject {
     pub id: String,
@@ -361,6 +361,18 @@ pub struct ModelObject {
     pub owned_by: String,
     /// Extension (vLLM): context length in tokens.
     pub max_model_len: u32,
+    /// Extension: other names that resolve to this model.
+    pub aliases: Vec<String>,
+    /// Extension: the pinned version ("" when none is known).
+    pub version: String,
+    /// Extension: deprecation time in Unix seconds, or null.
+    pub deprecation: Option<i64>,
+    /// Extension: sunset time in Unix seconds, or null.
+    pub sunset: Option<i64>,
+    /// Extension: what the model serves ("generate").
+    pub kind: String,
+    /// Extension: whether chat requests are served (a chat template).
+    pub chat: bool,
 }
 
 impl From<gyre_api::v1::Model> for ModelObject {
@@ -375,6 +387,16 @@ impl From<gyre_api::v1::Model> for ModelObject {
                 m.owned_by
             },
             max_model_len: m.max_model_len,
+            aliases: m.aliases,
+            version: m.version,
+            deprecation: m.deprecation,
+            sunset: m.sunset,
+            kind: if m.kind.is_empty() {
+                "generate".to_owned()
+            } else {
+                m.kind
+            },
+            chat: m.chat,
         }
     }
 }

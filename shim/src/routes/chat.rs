@@ -38,6 +38,10 @@ pub async fn create(
     let generation = Merged::start(&state, &headers, vec![proto], Api::Chat)
         .await
         .map_err(|e| e.for_model(&meta.model))?;
+    let notice = generation.notice().clone();
+    if let Some(id) = &notice.model {
+        meta.model.clone_from(id);
+    }
     if mode.stream {
         let format = ChatChunks {
             meta,
@@ -47,7 +51,7 @@ pub async fn create(
             list: mode.annotations,
             per_prompt: n,
         };
-        return Ok(sse::response(generation, n, annotations, format));
+        return Ok(notice.apply(sse::response(generation, n, annotations, format)));
     }
     let out = generation.collect(n).await?;
     let reasoning = out.choices.iter().map(|c| c.reasoning.clone()).collect();
@@ -69,7 +73,7 @@ pub async fn create(
         })
         .collect();
     let completion = ChatCompletion::new(meta, choices, out.usage).with_reasoning(reasoning);
-    Ok(Json(completion).into_response())
+    Ok(notice.apply(Json(completion).into_response()))
 }
 
 /// Chunk shapes of a streamed chat completion.

@@ -42,6 +42,10 @@ pub async fn create(
     let generation = Merged::start(&state, &headers, protos, Api::Completions)
         .await
         .map_err(|e| e.for_model(&meta.model))?;
+    let notice = generation.notice().clone();
+    if let Some(id) = &notice.model {
+        meta.model.clone_from(id);
+    }
     if mode.stream {
         let format = TextChunks {
             meta,
@@ -54,7 +58,7 @@ pub async fn create(
             list: mode.annotations,
             per_prompt,
         };
-        return Ok(sse::response(generation, n, annotations, format));
+        return Ok(notice.apply(sse::response(generation, n, annotations, format)));
     }
     let out = generation.collect(n).await?;
     // With echo, each choice's text (and logprobs listing) starts with the prompt.
@@ -81,7 +85,7 @@ pub async fn create(
             .collect(),
         usage: Some(Some(out.usage)),
     };
-    Ok(Json(completion).into_response())
+    Ok(notice.apply(Json(completion).into_response()))
 }
 
 /// The echoed prompt's part of a logprobs listing: its first token (without

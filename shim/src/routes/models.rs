@@ -1,5 +1,6 @@
-//! `GET /v1/models` and `GET /v1/models/{id}` over the `ListModels` call.
-//! Model ids may contain '/', hence the wildcard route. Also
+//! `GET /v1/models`, `GET /v1/models/{id}` (an id or an alias) and NVIDIA
+//! Dynamo's `GET /dynamo/alpha/list-models`, all over the `ListModels`
+//! call. Model ids may contain '/', hence the wildcard route. Also
 //! [`default_model`]: which model a generation asking for `""` runs on.
 
 use axum::Json;
@@ -33,9 +34,40 @@ pub async fn retrieve(
     fetch(&state, &headers)
         .await?
         .into_iter()
-        .find(|m| m.id == id)
+        .find(|m| m.id == id || m.aliases.contains(&id))
         .map(|m| Json(ModelObject::from(m)))
         .ok_or_else(|| ApiError::model_not_found(&id))
+}
+
+/// `GET /dynamo/alpha/list-models`: Dynamo's listing, the names requests
+/// may use (ids and aliases) by what they serve (`chat_completion_models`:
+/// models with a chat template; `completion_models`: every generative
+/// model), plus the catalogue as `/v1/models` lists it (`object`, `data`).
+pub async fn dynamo_list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let models = fetch(&state, &headers).await?;
+    fn names(m: &Model) -> Vec<String> {
+        std::iter::once(m.id.clone())
+            .chain(m.aliases.iter().cloned())
+            .collect()
+    }
+    let generative = |m: &&Model| m.kind.is_empty() || m.kind == "generate";
+    let chat: Vec<String> = models
+        .iter()
+        .filter(generative)
+        .filter(|m| m.chat)
+        .flat_map(names)
+        .collect();
+    let completion: Vec<String> = models.iter().filter(generative).flat_map(names).collect();
+    let data: Vec<ModelObject> = models.into_iter().map(ModelObject::from).collect();
+    Ok(Json(serde_json::json!({
+        "chat_completion_models": chat,
+        "completion_models": completion,
+        "object": "list",
+        "data": data,
+    })))
 }
 
 /// The service's default (its first) model, which a generation asking for

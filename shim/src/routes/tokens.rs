@@ -5,6 +5,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use gyre_api::v1::{self as pb, DetokenizeRequest, TokenizeRequest, tokenize_request};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,6 +16,7 @@ use crate::AppState;
 use crate::convert::{chat_messages, json_to_struct};
 use crate::error::{Api, ApiError};
 use crate::extract::{JsonObject, fields, require};
+use crate::notice::ModelNotice;
 use crate::openai::request::ChatMessage;
 use crate::upstream::grpc_request;
 
@@ -37,7 +39,7 @@ pub async fn tokenize(
     State(state): State<AppState>,
     headers: HeaderMap,
     JsonObject(body): JsonObject,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let b: TokenizeBody = fields(&body)?;
     let input = match (b.prompt, b.messages) {
         (Some(text), None) => tokenize_request::Input::Text(text),
@@ -65,16 +67,20 @@ pub async fn tokenize(
         add_special_tokens: b.add_special_tokens,
     };
     let mut client = state.client.clone();
-    let out = client
+    let response = client
         .tokenize(grpc_request(&state, &headers, request))
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?
-        .into_inner();
-    Ok(Json(json!({
-        "tokens": out.token_ids,
-        "count": out.token_ids.len(),
-        "max_model_len": out.max_model_len,
-    })))
+        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?;
+    let notice = ModelNotice::from_metadata(response.metadata());
+    let out = response.into_inner();
+    Ok(notice.apply(
+        Json(json!({
+            "tokens": out.token_ids,
+            "count": out.token_ids.len(),
+            "max_model_len": out.max_model_len,
+        }))
+        .into_response(),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -89,7 +95,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     headers: HeaderMap,
     JsonObject(body): JsonObject,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     require(&body, &["tokens"])?;
     let b: DetokenizeBody = fields(&body)?;
     let model = b.model;
@@ -99,12 +105,13 @@ pub async fn detokenize(
         skip_special_tokens: None,
     };
     let mut client = state.client.clone();
-    let out = client
+    let response = client
         .detokenize(grpc_request(&state, &headers, request))
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?
-        .into_inner();
-    Ok(Json(json!({ "prompt": out.text })))
+        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?;
+    let notice = ModelNotice::from_metadata(response.metadata());
+    let out = response.into_inner();
+    Ok(notice.apply(Json(json!({ "prompt": out.text })).into_response()))
 }
 
 /// `GET /health`: 200 when the gRPC service reports SERVING

@@ -226,6 +226,7 @@ impl Generation for Fake {
             max_model_len: 2048,
             vocab_size: 32000,
             architecture: "LlamaForCausalLM".into(),
+            ..Default::default()
         };
         Ok(Response::new(pb::ListModelsResponse {
             models: vec![model("tiny/llama"), model("echo-model")],

@@ -1,0 +1,162 @@
+//! From a [`ModelSpec`] to a registry [`Entry`]: resolve the source (as
+//! `--model` does), name it, estimate its memory budget ([`plan`]), then
+//! load its tokenizer, template and weights ([`load`]). The binary does this
+//! for every model at start; the admin service for one at a time.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use gyre_engine::progress::LoadProgress;
+use gyre_engine::{DeviceChoice, EngineOptions};
+
+use super::memory::{self, Budget};
+use super::spec::ModelSpec;
+use super::{Card, Entry, ModelKind};
+use crate::resolve;
+use crate::runtime::{ModelRuntime, TextOptions};
+
+/// What every model gets unless its spec says otherwise.
+#[derive(Clone)]
+pub struct LoadDefaults {
+    pub device: DeviceChoice,
+    /// KV cache per model, in MiB (a spec's `kv_cache_mib` overrides it).
+    pub kv_cache_mib: u64,
+    pub num_kv_blocks: Option<usize>,
+    pub block_size: usize,
+    pub max_running: usize,
+    pub max_batch_tokens: usize,
+    pub max_queue: usize,
+    pub compute_threads: Option<usize>,
+    pub text: TextOptions,
+    pub load_progress: Option<Arc<dyn LoadProgress>>,
+    /// The HuggingFace cache that hub ids are looked up in.
+    pub hub_cache: PathBuf,
+    /// Device memory to check budgets against instead of the measured one
+    /// (`--device-memory-mib`), in bytes.
+    pub device_memory: Option<u64>,
+}
+
+/// A model resolved and named, not loaded yet.
+pub struct Planned {
+    pub spec: ModelSpec,
+    pub path: PathBuf,
+    pub id: String,
+    pub version: String,
+    pub budget: Budget,
+}
+
+/// Why a model cannot be planned or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Resolve(#[from] resolve::ResolveError),
+    #[error("{0}")]
+    Load(String),
+}
+
+/// The id a model gets without a `name`: the hub id, else the directory's
+/// name or the GGUF file's without `.gguf`.
+fn default_id(path: &std::path::Path, hub: Option<&resolve::HubModel>) -> String {
+    if let Some(h) = hub {
+        return h.repo_id.clone();
+    }
+    let name = if gyre_engine::gguf::is_gguf(path) {
+        path.file_stem()
+    } else {
+        path.file_name()
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// Whether the engine will run on CUDA.
+fn on_cuda(device: DeviceChoice) -> bool {
+    match device {
+        DeviceChoice::Cpu => false,
+        DeviceChoice::Cuda => true,
+        DeviceChoice::Auto => gyre_engine::cuda_available(),
+    }
+}
+
+/// Resolves `spec`'s source and names it; estimates its budget.
+pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
+    let resolved = resolve::resolve(&spec.source, spec.revision.as_deref(), &d.hub_cache)?;
+    if let Some(hub) = &resolved.hub {
+        tracing::info!(
+            model = %hub.repo_id,
+            revision = %hub.revision,
+            commit = %hub.commit,
+            path = %resolved.path.display(),
+            "model found in the HuggingFace cache"
+        );
+    }
+    let id = spec
+        .name
+        .clone()
+        .unwrap_or_else(|| default_id(&resolved.path, resolved.hub.as_ref()));
+    let version = spec
+        .version
+        .clone()
+        .or_else(|| resolved.hub.as_ref().map(|h| h.commit.clone()))
+        .unwrap_or_default();
+    let bytes_per_element = if on_cuda(d.device) { 2 } else { 4 };
+    let budget = Budget {
+        name: id.clone(),
+        weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element),
+        kv_bytes: spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20,
+    };
+    Ok(Planned {
+        spec,
+        path: resolved.path,
+        id,
+        version,
+        budget,
+    })
+}
+
+/// The device memory budgets are checked against: `--device-memory-mib`,
+/// else the host's available memory on the CPU; None on CUDA (not queried).
+pub fn device_memory(d: &LoadDefaults) -> Option<u64> {
+    if d.device_memory.is_some() {
+        return d.device_memory;
+    }
+    if on_cuda(d.device) {
+        return None;
+    }
+    memory::host_available()
+}
+
+/// Loads a planned model (blocking: seconds to minutes).
+pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
+    let mut opts = EngineOptions::new(p.path.clone());
+    opts.device = d.device;
+    opts.load_progress = d.load_progress.clone();
+    opts.kv_cache_bytes = p.budget.kv_bytes;
+    opts.num_blocks = d.num_kv_blocks;
+    opts.block_size = d.block_size;
+    opts.max_running = d.max_running;
+    opts.token_budget = d.max_batch_tokens;
+    opts.queue_capacity = d.max_queue;
+    opts.compute_threads = d.compute_threads;
+    let mut rt = ModelRuntime::load(opts, Some(p.id.clone()), d.text.clone())
+        .map_err(|e| LoadError::Load(format!("{e:#}")))?;
+    if let Some(owner) = &p.spec.owned_by {
+        rt.owned_by.clone_from(owner);
+    }
+    let card = Card {
+        id: p.id,
+        aliases: p.spec.aliases,
+        version: p.version,
+        owned_by: rt.owned_by.clone(),
+        created: rt.created,
+        deprecation: p.spec.deprecation,
+        sunset: p.spec.sunset,
+        source: p.path.display().to_string(),
+        reserved_bytes: p.budget.total(),
+        kv_bytes: p.budget.kv_bytes,
+    };
+    Ok(Entry {
+        card,
+        kind: ModelKind::Generate(Arc::new(rt)),
+    })
+}

@@ -1,0 +1,185 @@
+//! Whether the models fit the device: each model's budget (its weights as
+//! the engine holds them, plus its KV cache budget) against the device's
+//! free memory, checked before any weights are loaded.
+//!
+//! Weights are counted from the checkpoint's tensor index (a GGUF's tensor
+//! table, each safetensors file's header): elements times the bytes of the
+//! dtype the engine runs in (f32 on the CPU, bf16 on CUDA; GGUF weights are
+//! dequantized). Free memory is `MemAvailable` from `/proc/meminfo` on the
+//! CPU; CUDA's free memory is not queried (libtorch's binding has no
+//! `cudaMemGetInfo`), so there only a configured `--device-memory-mib` is
+//! checked. `--device-memory-mib` (env `GYRE_DEVICE_MEMORY_MIB`) replaces
+//! the measured amount on any device: for tests, and for leaving headroom.
+
+use std::path::Path;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// One model's share of device memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// The model's id.
+    pub name: String,
+    pub weights_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+impl Budget {
+    pub fn total(&self) -> u64 {
+        self.weights_bytes.saturating_add(self.kv_bytes)
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / MIB)
+}
+
+/// Checks `budgets`, in order, against `available` bytes (of which
+/// `reserved` are already promised to models being served): the first
+/// model that does not fit is named, with what it needs and by how much it
+/// is short.
+pub fn check(budgets: &[Budget], available: u64, reserved: u64) -> Result<(), String> {
+    let mut used = reserved;
+    for b in budgets {
+        let left = available.saturating_sub(used);
+        if b.total() > left {
+            let before = if used == 0 {
+                String::new()
+            } else {
+                format!(" after {} promised to the models before it", mib(used))
+            };
+            return Err(format!(
+                "model `{}` does not fit in device memory: it needs {} (weights {} + KV cache {}), \
+                 {} of {} is left{before}; short by {} (lower its kv_cache_mib / --kv-cache-mib, \
+                 or serve fewer models)",
+                b.name,
+                mib(b.total()),
+                mib(b.weights_bytes),
+                mib(b.kv_bytes),
+                mib(left),
+                mib(available),
+                mib(b.total() - left),
+            ));
+        }
+        used = used.saturating_add(b.total());
+    }
+    Ok(())
+}
+
+/// Free memory of the host, from `/proc/meminfo`'s `MemAvailable`.
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo(&text)
+}
+
+fn parse_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// Bytes the engine will hold for the weights at `path` (a GGUF file or a
+/// directory of `*.safetensors`), at `bytes_per_element`. Unreadable
+/// indexes count as 0: loading reports them properly.
+pub fn weights_bytes(path: &Path, bytes_per_element: u64) -> u64 {
+    let elements = if gyre_engine::gguf::is_gguf(path) {
+        gyre_engine::gguf::GgufFile::open(path)
+            .map(|f| f.tensors.iter().map(|t| t.elements()).sum())
+            .unwrap_or(0)
+    } else {
+        safetensors_elements(path)
+    };
+    elements.saturating_mul(bytes_per_element)
+}
+
+fn safetensors_elements(dir: &Path) -> u64 {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    read.filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .map(|p| header_elements(&p).unwrap_or(0))
+        .sum()
+}
+
+/// Elements of every tensor in one safetensors file, from its JSON header
+/// (an 8-byte little-endian length, then the header).
+fn header_elements(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = u64::from_le_bytes(len);
+    // A header is JSON of names and shapes: far below this.
+    if len > 256 << 20 {
+        return None;
+    }
+    let mut header = vec![0u8; usize::try_from(len).ok()?];
+    f.read_exact(&mut header).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&header).ok()?;
+    Some(
+        v.as_object()?
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .filter_map(|(_, t)| {
+                t.get("shape")?
+                    .as_array()?
+                    .iter()
+                    .map(serde_json::Value::as_u64)
+                    .product::<Option<u64>>()
+            })
+            .sum(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(name: &str, weights: u64, kv: u64) -> Budget {
+        Budget {
+            name: name.into(),
+            weights_bytes: weights << 20,
+            kv_bytes: kv << 20,
+        }
+    }
+
+    #[test]
+    fn models_that_fit_pass_and_the_first_that_does_not_is_named() {
+        let budgets = [b("a", 100, 64), b("b", 50, 64)];
+        assert_eq!(check(&budgets, 300 << 20, 0), Ok(()));
+        let e = check(&budgets, 200 << 20, 0).expect_err("an error");
+        assert!(e.contains("model `b`"), "{e}");
+        assert!(e.contains("needs 114.0 MiB"), "{e}");
+        assert!(e.contains("36.0 MiB of 200.0 MiB is left"), "{e}");
+        assert!(e.contains("short by 78.0 MiB"), "{e}");
+        let e = check(&budgets, 100 << 20, 0).expect_err("an error");
+        assert!(
+            e.contains("model `a`") && e.contains("short by 64.0 MiB"),
+            "{e}"
+        );
+        // Memory already promised to served models counts.
+        let e = check(&[b("c", 10, 10)], 100 << 20, 90 << 20).expect_err("an error");
+        assert!(e.contains("short by 10.0 MiB"), "{e}");
+    }
+
+    #[test]
+    fn meminfo_available_is_read_in_bytes() {
+        let text = "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n";
+        assert_eq!(parse_meminfo(text), Some(8_000_000 * 1024));
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn safetensors_headers_count_elements() {
+        let dir = tempfile::tempdir().expect("ok");
+        let header = br#"{"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[4,8],"data_offsets":[0,64]},"b":{"dtype":"F32","shape":[3],"data_offsets":[64,76]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend(std::iter::repeat_n(0u8, 76));
+        std::fs::write(dir.path().join("model.safetensors"), bytes).expect("ok");
+        assert_eq!(weights_bytes(dir.path(), 4), (32 + 3) * 4);
+        assert_eq!(weights_bytes(dir.path(), 2), (32 + 3) * 2);
+    }
+}
