@@ -137,7 +137,7 @@ pub fn kv_bytes(path: &Path, budget: u64, g: KvGeometry) -> u64 {
     let blocks = match g.num_blocks {
         Some(n) => n,
         None => {
-            let wanted = (g.max_running.saturating_mul(context) + bs - 1) / bs + 1;
+            let wanted = g.max_running.saturating_mul(context).div_ceil(bs) + 1;
             wanted.min(budget / per_block).max(1)
         }
     };
