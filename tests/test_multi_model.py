@@ -228,14 +228,17 @@ def failed_start(*extra: str) -> subprocess.CompletedProcess:
 
 def test_a_model_that_does_not_fit_the_device_memory_fails_the_start():
     llama, qwen = harness.model_dir("tiny-llama"), harness.model_dir("tiny-qwen2")
-    # 256 MiB of (configured) device memory: the first model with a 16 MiB
-    # KV cache fits, the second's 512 MiB cache cannot.
-    p = failed_start("--device-memory-mib", "256", "--model", f"{llama},name=small,kv_cache_mib=16",
+    # 100 MiB of (configured) device memory: tiny-llama (16 MiB of f32
+    # weights) with a 16 MiB KV cache fits; tiny-qwen2 (37 MiB) with its
+    # full-context cache (64 running sequences of 2048 tokens: 64 MiB) does
+    # not fit in what is left.
+    p = failed_start("--device-memory-mib", "100", "--model", f"{llama},name=small,kv_cache_mib=16",
                      "--model", f"{qwen},name=big,kv_cache_mib=512")
     assert "model `big` does not fit in device memory" in p.stderr, p.stderr[-2000:]
-    assert "KV cache 512.0 MiB" in p.stderr and "short by" in p.stderr
+    assert "after 32.0 MiB promised to the models before it" in p.stderr
+    assert "short by" in p.stderr
     # Alone, the first model starts under the same limit.
-    ok = harness.Server.start(serve_argv("--device-memory-mib", "256", "--model", f"{llama},name=small"))
+    ok = harness.Server.start(serve_argv("--device-memory-mib", "100", "--model", f"{llama},name=small"))
     ok.stop()
     ok.remove_log()
 

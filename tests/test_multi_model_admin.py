@@ -30,7 +30,7 @@ def server():
     llama = harness.model_dir("tiny-llama")
     s = harness.Server.start([str(harness.GYRE_BIN), "serve", "--http-addr", "127.0.0.1:0",
                               "--grpc-addr", "127.0.0.1:0", "--kv-cache-mib", "16",
-                              "--device-memory-mib", "2048", "--model", f"{llama},name=chat",
+                              "--device-memory-mib", "100", "--model", f"{llama},name=chat",
                               "--api-key", API_KEY, "--admin-api-key", ADMIN_KEY])
     yield s
     s.stop()
@@ -82,8 +82,9 @@ def test_load_errors_are_clear(server):
     assert alias_taken.error["code"] == "already_exists"
     bad_date = admin(server, "LoadModel", {"source": qwen, "name": "x", "deprecated": "soon"})
     assert bad_date.error["code"] == "invalid_argument" and "not a date" in bad_date.error["message"]
-    # 2048 MiB of device memory: a 4 GiB KV cache cannot fit.
-    huge = admin(server, "LoadModel", {"source": qwen, "name": "huge", "kv_cache_mib": 4096})
+    # 100 MiB of device memory, 32 MiB of them promised to `chat`: tiny-qwen2
+    # (37 MiB of weights) with a 64 MiB KV cache cannot fit.
+    huge = admin(server, "LoadModel", {"source": qwen, "name": "huge", "kv_cache_mib": 64})
     assert huge.error["code"] == "resource_exhausted", huge.stderr
     assert "model `huge` does not fit" in huge.error["message"] and "short by" in huge.error["message"]
     unknown = admin(server, "UnloadModel", {"name": "nope"})

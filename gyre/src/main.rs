@@ -18,7 +18,6 @@ use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
 use gyre_service::registry::load::{self, LoadDefaults};
 use gyre_service::registry::spec::{self, ModelSpec};
-use gyre_service::registry::{Registry, memory};
 use gyre_service::resolve;
 use gyre_service::server::{ServerOptions, grpc_service_for};
 use gyre_shim::logging::LogFormat;
@@ -384,44 +383,6 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
     })
 }
 
-/// Resolves every model, checks their names and that they fit the device
-/// together, then loads them in order.
-async fn load(specs: Vec<ModelSpec>, defaults: &LoadDefaults) -> anyhow::Result<Registry> {
-    let d = defaults.clone();
-    let plans = tokio::task::spawn_blocking(move || {
-        specs
-            .into_iter()
-            .map(|s| load::plan(s, &d))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await??;
-    let mut names = std::collections::HashSet::new();
-    for p in &plans {
-        for n in std::iter::once(&p.id).chain(&p.spec.aliases) {
-            if !names.insert(n.as_str()) {
-                anyhow::bail!(
-                    "the model name `{n}` is given twice (served names and aliases must be unique; set `name=` to tell models apart)"
-                );
-            }
-        }
-    }
-    let budgets: Vec<_> = plans.iter().map(|p| p.budget.clone()).collect();
-    match load::device_memory(defaults) {
-        Some(available) => {
-            memory::check(&budgets, available, 0).map_err(anyhow::Error::msg)?;
-        }
-        None => tracing::warn!(
-            "device memory not checked: CUDA's free memory is not measured (set --device-memory-mib)"
-        ),
-    }
-    let mut entries = Vec::with_capacity(plans.len());
-    for p in plans {
-        let d = defaults.clone();
-        entries.push(tokio::task::spawn_blocking(move || load::load(p, &d)).await??);
-    }
-    Ok(Registry::new(entries)?)
-}
-
 /// How weight loading shows progress: a bar redrawn in place when text
 /// logs go to a terminal (as `logging` colours them), log lines otherwise.
 fn load_progress(format: LogFormat) -> Arc<dyn LoadProgress> {
@@ -521,7 +482,7 @@ async fn run() -> anyhow::Result<()> {
     let limits = grpc.conn.limits();
     let specs = model_specs(&model)?;
     let defaults = load_defaults(&model, cli.log_format)?;
-    let registry = Arc::new(load(specs, &defaults).await?);
+    let registry = Arc::new(load::load_all(specs, &defaults).await?);
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).

@@ -11,7 +11,7 @@ use gyre_engine::{DeviceChoice, EngineOptions};
 
 use super::memory::{self, Budget};
 use super::spec::ModelSpec;
-use super::{Card, Entry, ModelKind};
+use super::{Card, Entry, ModelKind, Registry};
 use crate::resolve;
 use crate::runtime::{ModelRuntime, TextOptions};
 
@@ -100,10 +100,17 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         .or_else(|| resolved.hub.as_ref().map(|h| h.commit.clone()))
         .unwrap_or_default();
     let bytes_per_element = if on_cuda(d.device) { 2 } else { 4 };
+    let geometry = memory::KvGeometry {
+        block_size: d.block_size as u64,
+        max_running: d.max_running as u64,
+        num_blocks: d.num_kv_blocks.map(|n| n as u64),
+        element_bytes: bytes_per_element,
+    };
+    let kv_budget = spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
     let budget = Budget {
         name: id.clone(),
         weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element),
-        kv_bytes: spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20,
+        kv_bytes: memory::kv_bytes(&resolved.path, kv_budget, geometry),
     };
     Ok(Planned {
         spec,
@@ -131,7 +138,7 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     let mut opts = EngineOptions::new(p.path.clone());
     opts.device = d.device;
     opts.load_progress = d.load_progress.clone();
-    opts.kv_cache_bytes = p.budget.kv_bytes;
+    opts.kv_cache_bytes = p.spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
     opts.num_blocks = d.num_kv_blocks;
     opts.block_size = d.block_size;
     opts.max_running = d.max_running;
@@ -159,4 +166,50 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
         card,
         kind: ModelKind::Generate(Arc::new(rt)),
     })
+}
+
+/// Resolves every model, checks their names and that they fit the device
+/// together, then loads them in order.
+pub async fn load_all(specs: Vec<ModelSpec>, defaults: &LoadDefaults) -> anyhow::Result<Registry> {
+    let d = defaults.clone();
+    let plans = tokio::task::spawn_blocking(move || {
+        specs
+            .into_iter()
+            .map(|s| plan(s, &d))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await??;
+    let mut names = std::collections::HashSet::new();
+    for p in &plans {
+        for n in std::iter::once(&p.id).chain(&p.spec.aliases) {
+            if !names.insert(n.as_str()) {
+                anyhow::bail!(
+                    "the model name `{n}` is given twice (served names and aliases must be unique; set `name=` to tell models apart)"
+                );
+            }
+        }
+    }
+    for p in &plans {
+        tracing::info!(
+            model = %p.id,
+            weights_mib = p.budget.weights_bytes >> 20,
+            kv_cache_mib = p.budget.kv_bytes >> 20,
+            "memory budget"
+        );
+    }
+    let budgets: Vec<_> = plans.iter().map(|p| p.budget.clone()).collect();
+    match device_memory(defaults) {
+        Some(available) => {
+            memory::check(&budgets, available, 0).map_err(anyhow::Error::msg)?;
+        }
+        None => tracing::warn!(
+            "device memory not checked: CUDA's free memory is not measured (set --device-memory-mib)"
+        ),
+    }
+    let mut entries = Vec::with_capacity(plans.len());
+    for p in plans {
+        let d = defaults.clone();
+        entries.push(tokio::task::spawn_blocking(move || load(p, &d)).await??);
+    }
+    Ok(Registry::new(entries)?)
 }

@@ -5,7 +5,9 @@
 //! Weights are counted from the checkpoint's tensor index (a GGUF's tensor
 //! table, each safetensors file's header): elements times the bytes of the
 //! dtype the engine runs in (f32 on the CPU, bf16 on CUDA; GGUF weights are
-//! dequantized). Free memory is `MemAvailable` from `/proc/meminfo` on the
+//! dequantized). The KV cache is its budget capped as the engine caps it
+//! (at what `--max-running` sequences of full context need), from the
+//! model's config. Free memory is `MemAvailable` from `/proc/meminfo` on the
 //! CPU; CUDA's free memory is not queried (libtorch's binding has no
 //! `cudaMemGetInfo`), so there only a configured `--device-memory-mib` is
 //! checked. `--device-memory-mib` (env `GYRE_DEVICE_MEMORY_MIB`) replaces
@@ -90,6 +92,56 @@ pub fn weights_bytes(path: &Path, bytes_per_element: u64) -> u64 {
         safetensors_elements(path)
     };
     elements.saturating_mul(bytes_per_element)
+}
+
+/// The KV pool's geometry as the engine sizes it.
+#[derive(Debug, Clone, Copy)]
+pub struct KvGeometry {
+    pub block_size: u64,
+    pub max_running: u64,
+    /// An exact number of blocks (`--num-kv-blocks`).
+    pub num_blocks: Option<u64>,
+    /// Bytes of one cached element (4 on the CPU, 2 on CUDA).
+    pub element_bytes: u64,
+}
+
+/// The bytes of KV cache the engine will allocate for the model at `path`
+/// under a budget of `budget` bytes: the budget, capped (as the engine caps
+/// it) at what `max_running` sequences of full context need, or the exact
+/// block count. Keys and values of every layer's KV heads; a config that
+/// cannot be read leaves the budget as it is.
+pub fn kv_bytes(path: &Path, budget: u64, g: KvGeometry) -> u64 {
+    use gyre_engine::internals::ModelConfig;
+    let config = if gyre_engine::gguf::is_gguf(path) {
+        gyre_engine::gguf::GgufFile::open(path)
+            .ok()
+            .and_then(|f| gyre_engine::gguf::model::config(&f).ok())
+    } else {
+        ModelConfig::from_dir(path).ok()
+    };
+    let Some(c) = config else {
+        return budget;
+    };
+    let dims = [
+        c.num_layers,
+        c.num_kv_heads,
+        c.head_dim,
+        c.max_position_embeddings,
+    ];
+    let [layers, heads, head_dim, context] = dims.map(|v| u64::try_from(v).unwrap_or(0));
+    let bs = g.block_size.max(1);
+    let per_block = 2 * layers * heads * head_dim * bs * g.element_bytes;
+    if per_block == 0 {
+        return budget;
+    }
+    let blocks = match g.num_blocks {
+        Some(n) => n,
+        None => {
+            let wanted = g.max_running.saturating_mul(context).div_ceil(bs) + 1;
+            wanted.min(budget / per_block).max(1)
+        }
+    };
+    blocks.saturating_mul(per_block)
 }
 
 fn safetensors_elements(dir: &Path) -> u64 {
