@@ -59,6 +59,8 @@ CASES = {
                                                "conversation"),
     "background without store": ({"background": True, "store": False}, "background"),
     "truncation": ({"truncation": "sometimes"}, "truncation"),
+    "include value": ({"include": ["file_search_call.results"]}, "include[0]"),
+    "service_tier": ({"service_tier": "gold"}, "service_tier"),
 }
 
 
