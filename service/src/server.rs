@@ -18,9 +18,9 @@ use tower::Layer as _;
 
 use crate::admin::{AdminKeyCheck, AdminService};
 use crate::grpc::GenerationService;
-use crate::responses::{ResponsesService, Store, StoreConfig};
 use crate::registry::load::LoadDefaults;
 use crate::registry::{Entry, Registry};
+use crate::responses::{ResponsesService, Store, StoreConfig};
 use crate::runtime::ModelRuntime;
 
 /// Checks `authorization: Bearer <key>` when a key is configured: the
