@@ -16,9 +16,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
+use gyre_service::embeddings::EmbeddingRuntime;
 use gyre_service::resolve;
 use gyre_service::runtime::ModelRuntime;
-use gyre_service::server::grpc_service;
+use gyre_service::server::grpc_service_with;
 use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -69,7 +70,9 @@ struct ModelArgs {
     /// tokenizer.json, ...), or a hub id (`org/name`) already in the local
     /// HuggingFace cache (HF_HUB_CACHE, else HF_HOME/hub, else
     /// ~/.cache/huggingface/hub; nothing is downloaded). An existing path
-    /// wins over a hub id. Default: SmolLM2-135M-Instruct, linked there by
+    /// wins over a hub id. A sentence-transformers directory (modules.json)
+    /// or a `BertModel` one is served as an embedding model (/v1/embeddings,
+    /// gyre.v1.Embeddings). Default: SmolLM2-135M-Instruct, linked there by
     /// `make setup`.
     #[arg(
         long,
@@ -143,6 +146,11 @@ struct EngineArgs {
     /// step is never refused.
     #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
     max_queue: usize,
+    /// Embedding models: most padded tokens (inputs times the longest one)
+    /// per forward pass of the embedding worker.
+    #[arg(long, env = "GYRE_EMBED_BATCH_TOKENS", default_value_t = 8192,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    embed_batch_tokens: u32,
 }
 
 #[derive(Args)]
@@ -216,7 +224,28 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<ModelRuntime>> {
+/// The model a server hosts: generative (chat, completions) or a sentence
+/// encoder (embeddings), told apart by the model directory.
+enum Served {
+    Generative(Arc<ModelRuntime>),
+    Embedding(Arc<EmbeddingRuntime>),
+}
+
+impl Served {
+    /// Resolves once no request is waiting or running.
+    async fn idle(&self) {
+        match self {
+            Self::Generative(m) => {
+                m.engine
+                    .wait_stats(|s| s.running == 0 && s.waiting == 0)
+                    .await;
+            }
+            Self::Embedding(e) => e.engine.wait_idle().await,
+        }
+    }
+}
+
+async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Served> {
     let device = match args.device {
         Device::Auto => DeviceChoice::Auto,
         Device::Cpu => DeviceChoice::Cpu,
@@ -236,6 +265,17 @@ async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<Mode
     let served_name = args
         .served_model_name
         .or_else(|| resolved.hub.map(|h| h.repo_id));
+    if gyre_engine::encoder::is_embedding_model(&resolved.path) {
+        let mut opts = gyre_engine::EmbedOptions::new(resolved.path);
+        opts.device = device;
+        opts.load_progress = Some(load_progress(log_format));
+        opts.max_batch_tokens = args.engine.embed_batch_tokens as usize;
+        opts.queue_capacity = args.engine.max_queue.max(1);
+        opts.compute_threads = args.engine.compute_threads;
+        let rt = tokio::task::spawn_blocking(move || EmbeddingRuntime::load(opts, served_name))
+            .await??;
+        return Ok(Served::Embedding(Arc::new(rt)));
+    }
     let mut opts = gyre_engine::EngineOptions::new(resolved.path);
     opts.device = device;
     opts.load_progress = Some(load_progress(log_format));
@@ -261,7 +301,7 @@ async fn load(args: ModelArgs, log_format: LogFormat) -> anyhow::Result<Arc<Mode
     };
     let rt =
         tokio::task::spawn_blocking(move || ModelRuntime::load(opts, served_name, text)).await??;
-    Ok(Arc::new(rt))
+    Ok(Served::Generative(Arc::new(rt)))
 }
 
 /// How weight loading shows progress: a bar redrawn in place when text
@@ -361,19 +401,17 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
-    let runtime = load(model, cli.log_format).await?;
+    let served = Arc::new(load(model, cli.log_format).await?);
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
-        let (mut drain_rx, runtime, timeout) =
-            (drain_rx.clone(), runtime.clone(), grpc.drain_timeout);
+        let (mut drain_rx, served, timeout) =
+            (drain_rx.clone(), served.clone(), grpc.drain_timeout);
         tokio::spawn(async move {
             if drain_rx.wait_for(|d| *d).await.is_err() {
                 return;
             }
-            let idle = runtime
-                .engine
-                .wait_stats(|s| s.running == 0 && s.waiting == 0);
+            let idle = served.idle();
             let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
             if tokio::time::timeout(limit, idle).await.is_err() {
                 tracing::warn!(
@@ -390,7 +428,11 @@ async fn run() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot bind gRPC address {}", grpc.grpc_addr))?;
     let grpc_local = grpc_listener.local_addr()?;
-    let grpc_routes = grpc_service(vec![runtime], grpc.api_key.clone(), drain_rx).await?;
+    let (models, embedders) = match served.as_ref() {
+        Served::Generative(m) => (vec![m.clone()], Vec::new()),
+        Served::Embedding(e) => (Vec::new(), vec![e.clone()]),
+    };
+    let grpc_routes = grpc_service_with(models, embedders, grpc.api_key.clone(), drain_rx).await?;
     let grpc_task = tokio::spawn(gyre_shim::conn::serve(
         grpc_listener,
         grpc_routes,

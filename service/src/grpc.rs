@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::choice::{Choice, run};
+use crate::embeddings::EmbeddingRuntime;
 use crate::error::ServiceError;
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
@@ -32,6 +33,10 @@ pub(crate) const STREAM_BUFFER: usize = 64;
 #[derive(Clone)]
 pub struct GenerationService {
     models: Arc<Vec<Arc<ModelRuntime>>>,
+    /// The server's embedding models: listed by `ListModels`, and named in
+    /// a generation request they are the wrong kind of model (400), not an
+    /// unknown one.
+    embedders: Arc<Vec<Arc<EmbeddingRuntime>>>,
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,
@@ -44,7 +49,33 @@ impl GenerationService {
     ) -> Self {
         Self {
             models: Arc::new(models),
+            embedders: Arc::new(Vec::new()),
             draining,
+        }
+    }
+
+    /// The same service, knowing the server's embedding models too.
+    pub fn with_embedders(mut self, embedders: Vec<Arc<EmbeddingRuntime>>) -> Self {
+        self.embedders = Arc::new(embedders);
+        self
+    }
+
+    /// Fails when `name` is an embedding model (or empty on a server with
+    /// embedding models only): generation needs a generative model.
+    fn check_kind(&self, name: &str) -> Result<(), ServiceError> {
+        let embedding = if name.is_empty() {
+            self.models
+                .is_empty()
+                .then(|| self.embedders.first())
+                .flatten()
+        } else {
+            self.embedders.iter().find(|e| e.id == name)
+        };
+        match embedding {
+            Some(e) if !self.models.iter().any(|m| m.id == e.id) => Err(
+                crate::embeddings_grpc::wrong_kind(&e.id, "a generative", "an embedding"),
+            ),
+            _ => Ok(()),
         }
     }
 
@@ -56,6 +87,7 @@ impl GenerationService {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
+        self.check_kind(&req.model)?;
         let models = self.models.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare(&models, &req))
             .await
@@ -217,6 +249,7 @@ impl Generation for GenerationService {
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
         let req = request.into_inner();
+        self.check_kind(&req.model)?;
         let models = self.models.clone();
         let resp =
             tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
@@ -255,6 +288,7 @@ impl Generation for GenerationService {
         request: Request<DetokenizeRequest>,
     ) -> Result<Response<DetokenizeResponse>, Status> {
         let req = request.into_inner();
+        self.check_kind(&req.model)?;
         let model = request::resolve(&self.models, &req.model)?;
         let text = model.decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
         Ok(Response::new(DetokenizeResponse { text }))
@@ -264,7 +298,9 @@ impl Generation for GenerationService {
         &self,
         request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::EngineStats>, Status> {
-        let model = request::resolve(&self.models, &request.into_inner().model)?;
+        let name = request.into_inner().model;
+        self.check_kind(&name)?;
+        let model = request::resolve(&self.models, &name)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EngineStats {
             model: model.id.clone(),
@@ -298,6 +334,14 @@ impl Generation for GenerationService {
                 vocab_size: m.engine.info().vocab_size,
                 architecture: m.engine.info().architecture.clone(),
             })
+            .chain(self.embedders.iter().map(|e| v1::Model {
+                id: e.id.clone(),
+                owned_by: e.owned_by.clone(),
+                created: e.created,
+                max_model_len: e.max_len(),
+                vocab_size: e.engine.info().vocab_size,
+                architecture: e.engine.info().architecture.clone(),
+            }))
             .collect();
         Ok(Response::new(ListModelsResponse { models }))
     }

@@ -26,6 +26,8 @@ pub enum Api {
     Completions,
     /// `/v1/models`.
     Models,
+    /// `/v1/embeddings`: the proto's `inputs` is `input`.
+    Embeddings,
 }
 
 /// An error answered as OpenAI error JSON with an HTTP status.
@@ -350,6 +352,12 @@ fn retry_after_secs(delay: Option<Duration>) -> u64 {
 /// field violations and `RequestError.field`).
 pub fn openai_param(field: &str, api: Api) -> String {
     let field = field.strip_prefix("request.").unwrap_or(field);
+    if api == Api::Embeddings {
+        return match field {
+            "inputs" | "inputs.texts" | "inputs.token_ids" => "input".to_owned(),
+            other => other.to_owned(),
+        };
+    }
     let input = if api == Api::Completions {
         "prompt"
     } else {

@@ -39,6 +39,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use gyre_api::v1::embeddings_client::EmbeddingsClient;
 use gyre_api::v1::generation_client::GenerationClient;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Endpoint;
@@ -101,6 +102,7 @@ impl ShimConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub(crate) client: GenerationClient<Pool>,
+    pub(crate) embeddings: EmbeddingsClient<Pool>,
     pub(crate) health: tonic_health::pb::health_client::HealthClient<Pool>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
@@ -131,6 +133,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     };
     Ok(AppState {
         client: GenerationClient::new(pool.clone()),
+        embeddings: EmbeddingsClient::new(pool.clone()),
         health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
@@ -145,6 +148,8 @@ pub fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::create))
         .route("/v1/completions", post(routes::completions::create))
+        .route("/v1/embeddings", post(routes::embeddings::create))
+        .route("/embeddings", post(routes::embeddings::create))
         .route("/v1/models", get(routes::models::list))
         .route("/v1/models/{*id}", get(routes::models::retrieve))
         .route("/tokenize", post(routes::tokens::tokenize))

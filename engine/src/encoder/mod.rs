@@ -107,6 +107,35 @@ pub struct EmbedStats {
     pub pending: u32,
 }
 
+/// Requests waiting or running, and a signal for when none are.
+#[derive(Default)]
+pub(crate) struct Pending {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl Pending {
+    /// Counts a new request unless `cap` are pending already.
+    fn enter(&self, cap: usize) -> bool {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// A request is done (answered or abandoned).
+    pub(crate) fn leave(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    fn get(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+}
+
 pub(crate) struct Job {
     pub inputs: Vec<Vec<u32>>,
     pub dimensions: Option<u32>,
@@ -118,7 +147,7 @@ pub(crate) struct Job {
 pub struct EmbedEngine {
     tx: std::sync::mpsc::Sender<Job>,
     info: EmbedInfo,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Pending>,
     queue_capacity: usize,
     stats: Arc<std::sync::Mutex<EmbedStats>>,
 }
@@ -135,7 +164,7 @@ impl EmbedEngine {
             progress::set_reporter(p.clone());
         }
         let stats = Arc::new(std::sync::Mutex::new(EmbedStats::default()));
-        let pending = Arc::new(AtomicUsize::new(0));
+        let pending = Arc::new(Pending::default());
         let queue_capacity = opts.queue_capacity;
         let (tx, info) = worker::spawn(opts, stats.clone(), pending.clone())?;
         Ok(Self {
@@ -153,8 +182,21 @@ impl EmbedEngine {
 
     pub fn stats(&self) -> EmbedStats {
         let mut s = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
-        s.pending = self.pending.load(Ordering::Relaxed) as u32;
+        s.pending = self.pending.get() as u32;
         s
+    }
+
+    /// Resolves once no request is waiting or running (for draining).
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.pending.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pending.get() == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Checks `inputs` (token ids, special tokens included) and
@@ -219,12 +261,7 @@ impl EmbedEngine {
         dimensions: Option<u32>,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.validate(&inputs, dimensions)?;
-        let entered = self
-            .pending
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.queue_capacity).then_some(n + 1)
-            });
-        if entered.is_err() {
+        if !self.pending.enter(self.queue_capacity) {
             return Err(EmbedError::QueueFull);
         }
         let (reply, rx) = oneshot::channel();
@@ -234,7 +271,7 @@ impl EmbedEngine {
             reply,
         };
         if self.tx.send(job).is_err() {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.pending.leave();
             return Err(EmbedError::Stopped);
         }
         rx.await.map_err(|_| EmbedError::Stopped)?

@@ -11,7 +11,6 @@
 //! request is answered as soon as its last input is computed; requests that
 //! arrive meanwhile form the next round.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +18,7 @@ use tch::Kind;
 
 use super::bert::Bert;
 use super::config::EncoderConfig;
-use super::{EmbedError, EmbedInfo, EmbedOptions, EmbedStats, Job};
+use super::{EmbedError, EmbedInfo, EmbedOptions, EmbedStats, Job, Pending};
 use crate::EngineError;
 use crate::layers::Backend;
 use crate::layers::weights::{Weights, read_weights};
@@ -30,7 +29,7 @@ struct Worker {
     cfg: EncoderConfig,
     max_batch_tokens: usize,
     stats: Arc<Mutex<EmbedStats>>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Pending>,
 }
 
 /// A request being computed: its vectors so far.
@@ -45,7 +44,7 @@ type Spawned = (Sender<Job>, EmbedInfo);
 pub(super) fn spawn(
     opts: EmbedOptions,
     stats: Arc<Mutex<EmbedStats>>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Pending>,
 ) -> Result<Spawned, EngineError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
@@ -78,7 +77,7 @@ pub(super) fn spawn(
 fn load(
     opts: &EmbedOptions,
     stats: Arc<Mutex<EmbedStats>>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Pending>,
 ) -> Result<(Worker, EmbedInfo), EngineError> {
     let dir = &opts.model_dir;
     let cfg = EncoderConfig::from_dir(dir)?;
@@ -172,7 +171,7 @@ impl Worker {
         let inputs = job.inputs.len() as u64;
         let tokens: u64 = job.inputs.iter().map(|i| i.len() as u64).sum();
         let _ = job.reply.send(result);
-        self.pending.fetch_sub(1, Ordering::AcqRel);
+        self.pending.leave();
         if let Ok(mut s) = self.stats.lock() {
             s.requests_total += 1;
             s.inputs_total += inputs;
@@ -180,12 +179,24 @@ impl Worker {
         }
     }
 
+    /// Answers a request whose every input is computed.
+    fn complete(&self, done: Open) {
+        let dims = done.job.dimensions;
+        let normalize = self.cfg.normalize;
+        let out = done
+            .out
+            .into_iter()
+            .map(|v| finish_vector(v.unwrap_or_default(), dims, normalize))
+            .collect();
+        self.answer(done.job, Ok(out));
+    }
+
     fn round(&self, jobs: Vec<Job>) {
         let mut open: Vec<Option<Open>> = Vec::with_capacity(jobs.len());
         for job in jobs {
             if job.reply.is_closed() {
                 // The caller is gone: nothing to compute.
-                self.pending.fetch_sub(1, Ordering::AcqRel);
+                self.pending.leave();
                 continue;
             }
             let n = job.inputs.len();
@@ -233,7 +244,6 @@ impl Worker {
                 self.step(&seqs)
             };
             let mut requests: Vec<usize> = live.iter().map(|(r, ..)| *r).collect();
-            requests.dedup();
             requests.sort_unstable();
             requests.dedup();
             if let Ok(mut s) = self.stats.lock() {
@@ -253,17 +263,10 @@ impl Worker {
                         let Some(o) = open[*r].as_mut() else { continue };
                         o.out[*i] = Some(v);
                         o.left -= 1;
-                        if o.left == 0 {
-                            if let Some(done) = open[*r].take() {
-                                let dims = done.job.dimensions;
-                                let normalize = self.cfg.normalize;
-                                let out = done
-                                    .out
-                                    .into_iter()
-                                    .map(|v| finish_vector(v.unwrap_or_default(), dims, normalize))
-                                    .collect();
-                                self.answer(done.job, Ok(out));
-                            }
+                        if o.left == 0
+                            && let Some(done) = open[*r].take()
+                        {
+                            self.complete(done);
                         }
                     }
                 }
@@ -282,7 +285,7 @@ impl Worker {
         }
         // Requests whose caller left before their inputs ran.
         for o in open.into_iter().flatten() {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.pending.leave();
             drop(o);
         }
     }

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod models;
 pub mod tokens;
 
