@@ -170,13 +170,15 @@ impl Worker {
     fn answer(&self, job: Job, result: Result<Vec<Vec<f32>>, EmbedError>) {
         let inputs = job.inputs.len() as u64;
         let tokens: u64 = job.inputs.iter().map(|i| i.len() as u64).sum();
-        let _ = job.reply.send(result);
-        self.pending.leave();
+        // Counted before the caller hears back, so that what it reads next
+        // includes its own request.
         if let Ok(mut s) = self.stats.lock() {
             s.requests_total += 1;
             s.inputs_total += inputs;
             s.tokens_total += tokens;
         }
+        let _ = job.reply.send(result);
+        self.pending.leave();
     }
 
     /// Answers a request whose every input is computed.
