@@ -96,8 +96,10 @@ test-fuzz: models $(CARGO_FUZZ)
 test: setup build test-rust test-e2e test-fuzz
 
 # Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random
-# Llama, side by side in one run; ARGS=--quick for a smoke run.
-bench: venv build
+# Llama, and gyre's embeddings against sentence-transformers on
+# all-MiniLM-L6-v2 (E1), side by side in one run; ARGS=--quick for a smoke
+# run, ARGS="--only E1" for embeddings alone.
+bench: venv models build
 	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
 
 lint: setup
