@@ -133,7 +133,8 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     };
     Ok(AppState {
         client: GenerationClient::new(pool.clone()),
-        embeddings: EmbeddingsClient::new(pool.clone()),
+        // 2048 vectors of a large model exceed tonic's default 4 MiB.
+        embeddings: EmbeddingsClient::new(pool.clone()).max_decoding_message_size(64 << 20),
         health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
