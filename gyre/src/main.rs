@@ -16,6 +16,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
+use gyre_service::embeddings::EmbeddingRuntime;
 use gyre_service::registry::load::{self, LoadDefaults};
 use gyre_service::registry::spec::{self, ModelSpec};
 use gyre_service::resolve;
@@ -72,7 +73,10 @@ struct ModelArgs {
     /// ~/.cache/huggingface/hub; nothing is downloaded), optionally
     /// followed by `,key=value` items: name, alias (repeatable), version,
     /// revision, deprecated, sunset (dates: YYYY-MM-DD or RFC 3339),
-    /// owned_by, kv_cache_mib. An existing path wins over a hub id.
+    /// owned_by, kv_cache_mib. An existing path wins over a hub id. A
+    /// sentence-transformers directory (modules.json) or a `BertModel` one
+    /// is served as an embedding model (/v1/embeddings, gyre.v1.Embeddings;
+    /// name= only).
     /// Default (without --model and --config): SmolLM2-135M-Instruct,
     /// linked there by `make setup`.
     #[arg(long, env = "GYRE_MODEL")]
@@ -157,6 +161,11 @@ struct EngineArgs {
     /// step is never refused.
     #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
     max_queue: usize,
+    /// Embedding models: most padded tokens (inputs times the longest one)
+    /// per forward pass of the embedding worker.
+    #[arg(long, env = "GYRE_EMBED_BATCH_TOKENS", default_value_t = 8192,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    embed_batch_tokens: u32,
 }
 
 #[derive(Args)]
@@ -346,13 +355,59 @@ fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
     Ok(specs)
 }
 
-/// How every model is loaded (also the admin service's).
-fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<LoadDefaults> {
-    let device = match args.device {
+/// Loads the embedding models among `specs` (sentence-transformers or
+/// `BertModel` directories) and takes them out of it; the rest are
+/// generative and go to the registry.
+async fn load_embedders(
+    specs: &mut Vec<ModelSpec>,
+    args: &ModelArgs,
+    log_format: LogFormat,
+) -> anyhow::Result<Vec<Arc<EmbeddingRuntime>>> {
+    let cache = resolve::hub_cache_dir();
+    let mut embedders = Vec::new();
+    let mut generative = Vec::new();
+    for spec in std::mem::take(specs) {
+        let resolved = resolve::resolve(&spec.source, spec.revision.as_deref(), &cache)?;
+        if !gyre_engine::encoder::is_embedding_model(&resolved.path) {
+            generative.push(spec);
+            continue;
+        }
+        if !spec.aliases.is_empty()
+            || spec.version.is_some()
+            || spec.deprecation.is_some()
+            || spec.sunset.is_some()
+        {
+            anyhow::bail!(
+                "--model {}: an embedding model takes only `name=` (aliases, versions and dates are for generative models)",
+                spec.source
+            );
+        }
+        let served_name = spec.name.or_else(|| resolved.hub.map(|h| h.repo_id));
+        let mut opts = gyre_engine::EmbedOptions::new(resolved.path);
+        opts.device = device_choice(&args.device);
+        opts.load_progress = Some(load_progress(log_format));
+        opts.max_batch_tokens = args.engine.embed_batch_tokens as usize;
+        opts.queue_capacity = args.engine.max_queue.max(1);
+        opts.compute_threads = args.engine.compute_threads;
+        let rt = tokio::task::spawn_blocking(move || EmbeddingRuntime::load(opts, served_name))
+            .await??;
+        embedders.push(Arc::new(rt));
+    }
+    *specs = generative;
+    Ok(embedders)
+}
+
+fn device_choice(d: &Device) -> DeviceChoice {
+    match d {
         Device::Auto => DeviceChoice::Auto,
         Device::Cpu => DeviceChoice::Cpu,
         Device::Cuda => DeviceChoice::Cuda,
-    };
+    }
+}
+
+/// How every model is loaded (also the admin service's).
+fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<LoadDefaults> {
+    let device = device_choice(&args.device);
     let text = gyre_service::runtime::TextOptions {
         chat_template: args
             .chat_template
@@ -480,19 +535,29 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
-    let specs = model_specs(&model)?;
+    let mut specs = model_specs(&model)?;
+    let embedders = load_embedders(&mut specs, &model, cli.log_format).await?;
     let defaults = load_defaults(&model, cli.log_format)?;
     let registry = Arc::new(load::load_all(specs, &defaults).await?);
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
-        let (mut drain_rx, registry, timeout) =
-            (drain_rx.clone(), registry.clone(), grpc.drain_timeout);
+        let (mut drain_rx, registry, embedders, timeout) = (
+            drain_rx.clone(),
+            registry.clone(),
+            embedders.clone(),
+            grpc.drain_timeout,
+        );
         tokio::spawn(async move {
             if drain_rx.wait_for(|d| *d).await.is_err() {
                 return;
             }
-            let idle = registry.wait_idle();
+            let idle = async {
+                registry.wait_idle().await;
+                for e in &embedders {
+                    e.engine.wait_idle().await;
+                }
+            };
             let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
             if tokio::time::timeout(limit, idle).await.is_err() {
                 tracing::warn!(
@@ -525,6 +590,7 @@ async fn run() -> anyhow::Result<()> {
         admin_api_key: grpc.admin_api_key.clone(),
         load_defaults: Some(defaults),
         store: Some(Arc::new(store)),
+        embedders,
     };
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let grpc_task = tokio::spawn(gyre_shim::conn::serve(

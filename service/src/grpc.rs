@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::choice::{Choice, run};
+use crate::embeddings::EmbeddingRuntime;
 use crate::error::ServiceError;
 use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
@@ -33,6 +34,10 @@ pub(crate) const STREAM_BUFFER: usize = 64;
 #[derive(Clone)]
 pub struct GenerationService {
     pub(crate) models: Arc<Registry>,
+    /// The server's embedding models: listed by `ListModels`, and named in
+    /// a generation request they are the wrong kind of model (400), not an
+    /// unknown one.
+    embedders: Arc<Vec<Arc<EmbeddingRuntime>>>,
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,
@@ -56,7 +61,37 @@ impl GenerationService {
         models: Arc<Registry>,
         draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self { models, draining }
+        Self {
+            models,
+            embedders: Arc::new(Vec::new()),
+            draining,
+        }
+    }
+
+    /// The same service, knowing the server's embedding models too.
+    pub fn with_embedders(mut self, embedders: Vec<Arc<EmbeddingRuntime>>) -> Self {
+        self.embedders = Arc::new(embedders);
+        self
+    }
+
+    /// Fails when `name` is an embedding model (or empty on a server with
+    /// embedding models only): generation needs a generative model.
+    fn check_kind(&self, name: &str) -> Result<(), ServiceError> {
+        let embedding = if name.is_empty() {
+            self.models
+                .list()
+                .is_empty()
+                .then(|| self.embedders.first())
+                .flatten()
+        } else {
+            self.embedders.iter().find(|e| e.id == name)
+        };
+        match embedding {
+            Some(e) if self.models.resolve(&e.id).is_err() => Err(
+                crate::embeddings_grpc::wrong_kind(&e.id, "a generative", "an embedding"),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Validates and submits a request; one event receiver per choice.
@@ -75,6 +110,7 @@ impl GenerationService {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
+        self.check_kind(&req.model)?;
         let entry = self.models.resolve(&req.model)?;
         let model = entry.generative_runtime()?.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
@@ -239,6 +275,7 @@ impl Generation for GenerationService {
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
         let req = request.into_inner();
+        self.check_kind(&req.model)?;
         let entry = self.models.resolve(&req.model)?;
         let model = entry.generative_runtime()?.clone();
         let resp =
@@ -279,6 +316,7 @@ impl Generation for GenerationService {
         request: Request<DetokenizeRequest>,
     ) -> Result<Response<DetokenizeResponse>, Status> {
         let req = request.into_inner();
+        self.check_kind(&req.model)?;
         let entry = self.models.resolve(&req.model)?;
         let text = entry
             .generative_runtime()?
@@ -292,7 +330,9 @@ impl Generation for GenerationService {
         &self,
         request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::EngineStats>, Status> {
-        let model = self.models.runtime(&request.into_inner().model)?;
+        let name = request.into_inner().model;
+        self.check_kind(&name)?;
+        let model = self.models.runtime(&name)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EngineStats {
             model: model.id.clone(),
@@ -315,7 +355,22 @@ impl Generation for GenerationService {
         &self,
         _: Request<ListModelsRequest>,
     ) -> Result<Response<ListModelsResponse>, Status> {
-        let models = self.models.list().iter().map(|e| e.to_proto()).collect();
+        let models = self
+            .models
+            .list()
+            .iter()
+            .map(|e| e.to_proto())
+            .chain(self.embedders.iter().map(|e| v1::Model {
+                id: e.id.clone(),
+                owned_by: e.owned_by.clone(),
+                created: e.created,
+                max_model_len: e.max_len(),
+                vocab_size: e.engine.info().vocab_size,
+                architecture: e.engine.info().architecture.clone(),
+                kind: "embed".into(),
+                ..v1::Model::default()
+            }))
+            .collect();
         Ok(Response::new(ListModelsResponse { models }))
     }
 }

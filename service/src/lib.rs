@@ -11,6 +11,8 @@ pub mod chat;
 mod choice;
 pub mod compact;
 pub mod detok;
+pub mod embeddings;
+pub mod embeddings_grpc;
 pub mod error;
 pub mod grpc;
 pub mod holdback;

@@ -1,6 +1,7 @@
-//! The gRPC server's routes: gyre.v1.Generation and gyre.v1.Responses
-//! (behind the API-key check), gyre.v1.Admin (behind the admin key), grpc.health.v1 (overall and per
-//! model name and alias, following the registry), server reflection v1 and v1alpha
+//! The gRPC server's routes: gyre.v1.Generation, gyre.v1.Responses and
+//! gyre.v1.Embeddings (behind the API-key check), gyre.v1.Admin (behind
+//! the admin key), grpc.health.v1 (overall and per model name and alias,
+//! following the registry), server reflection v1 and v1alpha
 //! (gyre's and health's descriptors), and gRPC-Web through tonic-web. The
 //! `gyre` binary serves them with the same connection handling as the HTTP
 //! API (`gyre_shim::conn`), so this library does not depend on the shim.
@@ -8,6 +9,7 @@
 use std::sync::Arc;
 
 use gyre_api::v1::admin_server::AdminServer;
+use gyre_api::v1::embeddings_server::EmbeddingsServer;
 use gyre_api::v1::generation_server::GenerationServer;
 use gyre_api::v1::responses_server::ResponsesServer;
 use tokio::sync::watch;
@@ -17,6 +19,8 @@ use tonic::{Request, Status};
 use tower::Layer as _;
 
 use crate::admin::{AdminKeyCheck, AdminService};
+use crate::embeddings::EmbeddingRuntime;
+use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
 use crate::registry::load::LoadDefaults;
 use crate::registry::{Entry, Registry};
@@ -73,6 +77,9 @@ pub struct ServerOptions {
     pub load_defaults: Option<LoadDefaults>,
     /// Where gyre.v1.Responses keeps responses; None: an in-memory store.
     pub store: Option<Arc<Store>>,
+    /// Embedding models, served by gyre.v1.Embeddings next to the
+    /// registry's generative ones.
+    pub embedders: Vec<Arc<EmbeddingRuntime>>,
 }
 
 /// The gRPC service over `models`, ready to serve. Once `draining` turns
@@ -121,7 +128,16 @@ pub async fn grpc_service_for(
     health
         .set_serving::<ResponsesServer<ResponsesService>>()
         .await;
+    health
+        .set_serving::<EmbeddingsServer<EmbeddingsService>>()
+        .await;
     registry.attach_health(health.clone()).await;
+    let embed_ids: Vec<String> = opts.embedders.iter().map(|e| e.id.clone()).collect();
+    for id in &embed_ids {
+        health
+            .set_service_status(id, tonic_health::ServingStatus::Serving)
+            .await;
+    }
     {
         let mut draining = draining.clone();
         let registry = registry.clone();
@@ -136,9 +152,17 @@ pub async fn grpc_service_for(
                 .set_not_serving::<ResponsesServer<ResponsesService>>()
                 .await;
             health
+                .set_not_serving::<EmbeddingsServer<EmbeddingsService>>()
+                .await;
+            health
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
             registry.all_not_serving().await;
+            for id in embed_ids {
+                health
+                    .set_service_status(&id, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
         });
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -153,7 +177,21 @@ pub async fn grpc_service_for(
         Some(store) => store,
         None => Arc::new(Store::open(StoreConfig::default())?),
     };
-    let gen_service = GenerationService::with_registry(registry.clone(), draining.clone());
+    let generative: Vec<String> = registry
+        .list()
+        .iter()
+        .flat_map(|e| e.names().map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    let embeddings = InterceptedService::new(
+        EmbeddingsServer::new(EmbeddingsService::new(
+            opts.embedders.clone(),
+            generative,
+            draining.clone(),
+        )),
+        ApiKeyCheck::new(opts.api_key.clone()),
+    );
+    let gen_service = GenerationService::with_registry(registry.clone(), draining.clone())
+        .with_embedders(opts.embedders);
     let responses = InterceptedService::new(
         ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
         ApiKeyCheck::new(opts.api_key.clone()),
@@ -171,6 +209,7 @@ pub async fn grpc_service_for(
         .add_service(reflection_v1alpha)
         .add_service(generation)
         .add_service(responses)
+        .add_service(embeddings)
         .add_service(admin)
         .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.

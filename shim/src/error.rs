@@ -30,6 +30,8 @@ pub enum Api {
     /// OpenAI's spelling already (`input[2].content`), and a NOT_FOUND for a
     /// response or conversation id keeps its own `param` and `code`.
     Responses,
+    /// `/v1/embeddings`: the proto's `inputs` is `input`.
+    Embeddings,
 }
 
 /// An error answered as OpenAI error JSON with an HTTP status.
@@ -365,6 +367,12 @@ pub fn openai_param(field: &str, api: Api) -> String {
     let field = field.strip_prefix("request.").unwrap_or(field);
     if api == Api::Responses {
         return field.strip_prefix("sampling.").unwrap_or(field).to_owned();
+    }
+    if api == Api::Embeddings {
+        return match field {
+            "inputs" | "inputs.texts" | "inputs.token_ids" => "input".to_owned(),
+            other => other.to_owned(),
+        };
     }
     let input = if api == Api::Completions {
         "prompt"

@@ -42,6 +42,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use gyre_api::v1::embeddings_client::EmbeddingsClient;
 use gyre_api::v1::generation_client::GenerationClient;
 use gyre_api::v1::responses_client::ResponsesClient;
 use tonic::metadata::AsciiMetadataValue;
@@ -107,6 +108,7 @@ pub struct AppState {
     pub(crate) client: GenerationClient<Pool>,
     /// The `gyre.v1.Responses` service (same connections).
     pub(crate) responses: ResponsesClient<Pool>,
+    pub(crate) embeddings: EmbeddingsClient<Pool>,
     pub(crate) health: tonic_health::pb::health_client::HealthClient<Pool>,
     pub(crate) api_key: Option<Arc<str>>,
     /// `Bearer <api_key>`, ready to put in gRPC metadata.
@@ -138,6 +140,8 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     Ok(AppState {
         client: GenerationClient::new(pool.clone()),
         responses: ResponsesClient::new(pool.clone()),
+        // 2048 vectors of a large model exceed tonic's default 4 MiB.
+        embeddings: EmbeddingsClient::new(pool.clone()).max_decoding_message_size(64 << 20),
         health: tonic_health::pb::health_client::HealthClient::new(pool),
         api_key: cfg.api_key.map(Arc::from),
         grpc_auth,
@@ -152,6 +156,8 @@ pub fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::create))
         .route("/v1/completions", post(routes::completions::create))
+        .route("/v1/embeddings", post(routes::embeddings::create))
+        .route("/embeddings", post(routes::embeddings::create))
         .route("/v1/models", get(routes::models::list))
         .route("/v1/models/{*id}", get(routes::models::retrieve))
         .route(

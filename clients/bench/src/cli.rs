@@ -32,7 +32,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
-    /// transformers, print a table and write JSON.
+    /// transformers, and E1 (embeddings) against sentence-transformers on an
+    /// embedding model; print a table and write JSON.
     Run(RunArgs),
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
@@ -112,6 +113,20 @@ pub struct RunArgs {
     /// Timed transformers runs per reference figure (median).
     #[arg(long)]
     pub hf_repeats: Option<usize>,
+    /// E1's embedding model directory (a sentence-transformers model),
+    /// served by a `gyre serve` of its own.
+    #[arg(
+        long,
+        env = "GYRE_BENCH_EMBED_MODEL",
+        default_value = ".gyre/models/all-minilm-l6-v2"
+    )]
+    pub embed_model: PathBuf,
+    /// Sentences in E1's batch (mixed lengths).
+    #[arg(long, env = "GYRE_BENCH_EMBED_SENTENCES", default_value_t = 256)]
+    pub embed_sentences: usize,
+    /// Extra argument for E1's `gyre serve` (repeatable).
+    #[arg(long = "embed-server-arg", allow_hyphen_values = true)]
+    pub embed_server_args: Vec<String>,
 }
 
 #[derive(Debug, Args)]

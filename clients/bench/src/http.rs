@@ -148,3 +148,22 @@ async fn stream(
     }
     Ok(Outcome::Error("stream ended before [DONE]".to_owned()))
 }
+
+/// `POST path` with a JSON body on a new connection: the status and the
+/// whole response body.
+pub async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let (mut sender, task) = connect(addr).await?;
+    let request = Request::post(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    let response = sender.send_request(request).await.context("send")?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    task.abort();
+    Ok((status, bytes))
+}

@@ -12,6 +12,7 @@ use crate::http::HttpTarget;
 use crate::load::Clients;
 use crate::reference::Python;
 use crate::report;
+use crate::scenarios::embeddings::EmbedCtx;
 use crate::scenarios::{self, Ctx, Sizes};
 use crate::server::{Server, ServerOptions};
 
@@ -20,13 +21,129 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
     println!("$ {command}");
     let started = std::time::Instant::now();
     let python = Python::locate(args.python.clone(), args.scripts_dir.clone());
-    let model_dir = model_dir(&args, &python).await?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
     let scratch = std::env::temp_dir().join(format!("gyre-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
+    let load_before = loadavg();
+    if load_before.first().is_some_and(|l| *l > 0.5) {
+        eprintln!(
+            "gyre-bench: warning: the machine is already busy (load average {load_before:?}); \
+             figures will be noisy"
+        );
+    }
+    let generative = if scenarios::needs_generative(&args.only) {
+        Some(generative(&args, &python, threads, &scratch).await?)
+    } else {
+        None
+    };
+    let bin = gyre_bin(args.gyre_bin.clone());
+    let embed_ctx = EmbedCtx {
+        bin: &bin,
+        model: std::path::absolute(&args.embed_model)?,
+        python: &python,
+        threads,
+        device: &args.device,
+        scratch: &scratch,
+        sentences: args.embed_sentences,
+        repeats: if args.quick { 2 } else { 5 },
+        seed: args.seed,
+        no_reference: args.no_reference,
+        server_args: &args.embed_server_args,
+    };
+    let embed_results = tokio::select! {
+        results = scenarios::run_embeddings(&embed_ctx, &args.only) => results,
+        () = interrupted() => anyhow::bail!("interrupted"),
+    };
+    let load_after = loadavg();
+    let mut results = generative
+        .as_ref()
+        .map(|g| g.results.clone())
+        .unwrap_or_default();
+    results.extend(embed_results);
 
+    println!("\n$ {command}");
+    if let Some(g) = &generative {
+        println!(
+            "model {} ({} parameters, {}), {threads} threads, device {}",
+            g.model_dir.display(),
+            param_count(&g.model_dir).map_or("?".into(), |n| format!("{:.1} M", n as f64 / 1e6)),
+            g.model.architecture,
+            args.device,
+        );
+    }
+    if scenarios::selected(&args.only, "E1") {
+        println!(
+            "embedding model {}, {threads} threads, device {}",
+            embed_ctx.model.display(),
+            args.device
+        );
+    }
+    println!("load average {load_before:?} -> {load_after:?}\n");
+    print!("{}", report::table(&results));
+    let sizes = generative.as_ref().map(|g| g.sizes.clone());
+    let report = json!({
+        "command": command,
+        "unix_time": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        "total_seconds": started.elapsed().as_secs_f64(),
+        "model": generative.as_ref().map(|g| json!({
+            "dir": g.model_dir,
+            "id": g.model.id,
+            "architecture": g.model.architecture,
+            "parameters": param_count(&g.model_dir),
+            "vocab_size": g.model.vocab_size,
+            "max_model_len": g.model.max_model_len,
+        })),
+        "embedding_model": scenarios::selected(&args.only, "E1").then_some(&embed_ctx.model),
+        "threads": threads,
+        "device": args.device,
+        "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "quick": args.quick,
+        "seed": args.seed,
+        "sizes": sizes,
+        "python": python,
+        "grpc_url": generative.as_ref().map(|g| g.grpc_url.clone()),
+        "http_addr": generative.as_ref().map(|g| g.http_addr.to_string()),
+        "server_alive_at_end": generative.as_ref().and_then(|g| g.server_alive),
+        "rows": results.iter().flat_map(|r| r.rows.clone()).collect::<Vec<_>>(),
+        "scenarios": results,
+    });
+    report::write_json(&args.json_out, &report)?;
+    println!("\nJSON: {}", args.json_out.display());
+    if generative.as_ref().and_then(|g| g.server_alive) == Some(false) {
+        anyhow::bail!(
+            "the gyre server died during the run (log in {})",
+            scratch.display()
+        );
+    }
+    Ok(())
+}
+
+/// The outcome of the generative scenarios (S1-S5).
+struct Generative {
+    results: Vec<report::ScenarioResult>,
+    model_dir: PathBuf,
+    model: gyre_api::v1::Model,
+    sizes: Sizes,
+    grpc_url: String,
+    http_addr: std::net::SocketAddr,
+    server_alive: Option<bool>,
+}
+
+/// Builds (or finds) the generative model, serves it (unless a server is
+/// given) and runs the S scenarios against it and transformers.
+async fn generative(
+    args: &RunArgs,
+    python: &Python,
+    threads: usize,
+    scratch: &Path,
+) -> anyhow::Result<Generative> {
+    let model_dir = model_dir(args, python).await?;
     let (server, grpc_url, http_addr) = match (&args.grpc_url, args.http_addr) {
         (Some(url), Some(addr)) => (None, url.clone(), addr),
         _ => {
@@ -70,7 +187,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
     } else {
         Sizes::full()
     };
-    override_sizes(&mut sizes, &args);
+    override_sizes(&mut sizes, args);
     let ctx = Ctx {
         clients,
         python: python.clone(),
@@ -78,18 +195,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         vocab_size: model.vocab_size,
         threads,
         device: args.device.clone(),
-        scratch: scratch.clone(),
+        scratch: scratch.to_path_buf(),
         sizes: sizes.clone(),
         seed: args.seed,
         no_reference: args.no_reference,
     };
-    let load_before = loadavg();
-    if load_before.first().is_some_and(|l| *l > 0.5) {
-        eprintln!(
-            "gyre-bench: warning: the machine is already busy (load average {load_before:?}); \
-             figures will be noisy"
-        );
-    }
     let results = tokio::select! {
         results = scenarios::run(&ctx, &args.only) => results,
         () = interrupted() => {
@@ -99,7 +209,6 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
             anyhow::bail!("interrupted");
         }
     };
-    let load_after = loadavg();
     let server_alive = match server {
         Some(mut s) => {
             let alive = s.alive();
@@ -108,56 +217,15 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-
-    println!("\n$ {command}");
-    println!(
-        "model {} ({} parameters, {}), {threads} threads, device {}; load average {:?} -> {:?}\n",
-        model_dir.display(),
-        param_count(&model_dir).map_or("?".into(), |n| format!("{:.1} M", n as f64 / 1e6)),
-        model.architecture,
-        args.device,
-        load_before,
-        load_after,
-    );
-    print!("{}", report::table(&results));
-    let report = json!({
-        "command": command,
-        "unix_time": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        "total_seconds": started.elapsed().as_secs_f64(),
-        "model": {
-            "dir": model_dir,
-            "id": model.id,
-            "architecture": model.architecture,
-            "parameters": param_count(&model_dir),
-            "vocab_size": model.vocab_size,
-            "max_model_len": model.max_model_len,
-        },
-        "threads": threads,
-        "device": args.device,
-        "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
-        "quick": args.quick,
-        "seed": args.seed,
-        "sizes": sizes,
-        "python": python,
-        "grpc_url": grpc_url,
-        "http_addr": http_addr.to_string(),
-        "server_alive_at_end": server_alive,
-        "rows": results.iter().flat_map(|r| r.rows.clone()).collect::<Vec<_>>(),
-        "scenarios": results,
-    });
-    report::write_json(&args.json_out, &report)?;
-    println!("\nJSON: {}", args.json_out.display());
-    if server_alive == Some(false) {
-        anyhow::bail!(
-            "the gyre server died during the run (log in {})",
-            scratch.display()
-        );
-    }
-    Ok(())
+    Ok(Generative {
+        results,
+        model_dir,
+        model,
+        sizes,
+        grpc_url,
+        http_addr,
+        server_alive,
+    })
 }
 
 /// The model directory: `--model`, or the default bench model, built (or

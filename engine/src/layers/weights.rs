@@ -49,6 +49,12 @@ impl Weights {
         Ok(Tensor::f_cat(&parts, 0)?)
     }
 
+    /// Drops the tensor `name` unused (a head or buffer the model does
+    /// not compute with), so that `finish` does not count it.
+    pub fn discard(&mut self, name: &str) {
+        self.map.remove(name);
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }

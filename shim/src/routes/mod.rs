@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod completions;
 pub mod conversations;
+pub mod embeddings;
 pub mod models;
 pub mod responses;
 pub mod tokens;

@@ -7,11 +7,13 @@
 //! | S3 | TTFT with a cached 1,500-token prefix vs an uncached one | ratio <= 0.2 |
 //! | S4 | the same load through HTTP vs straight gRPC: added latency per token | <= 50 µs |
 //! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
+//! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
 //!
 //! Each scenario returns its table rows and a JSON object of details; one
 //! that fails is reported as failed and the others still run.
 
 mod cancel;
+pub mod embeddings;
 mod overhead;
 mod prefix;
 mod throughput;
@@ -28,7 +30,19 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 5] = ["S1", "S2", "S3", "S4", "S5"];
+pub const ALL: [&str; 6] = ["S1", "S2", "S3", "S4", "S5", "E1"];
+
+/// Whether `only` (empty: all) selects scenario `id`.
+pub fn selected(only: &[String], id: &str) -> bool {
+    only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(id))
+}
+
+/// Whether `only` selects any scenario of the generative model (S1-S5).
+pub fn needs_generative(only: &[String]) -> bool {
+    ALL.iter()
+        .filter(|id| id.starts_with('S'))
+        .any(|id| selected(only, id))
+}
 
 /// Sizes of the scenarios' loads.
 #[derive(Debug, Clone, Serialize)]
@@ -173,13 +187,44 @@ pub async fn warm_up_server(ctx: &Ctx) {
     ctx.load(Api::Grpc, batch.len(), 1, &batch).await;
 }
 
-/// Runs the scenarios in `only` (all when empty), in the order of [`ALL`].
+/// Runs E1 when `only` selects it.
+pub async fn run_embeddings(
+    ctx: &embeddings::EmbedCtx<'_>,
+    only: &[String],
+) -> Vec<ScenarioResult> {
+    if !selected(only, "E1") {
+        return Vec::new();
+    }
+    let (id, started) = ("E1", Instant::now());
+    eprintln!("gyre-bench: {id}: {} ...", title(id));
+    let outcome = embeddings::e1(ctx).await.map_err(|e| format!("{e:#}"));
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("gyre-bench: {id} done in {seconds:.1} s");
+    let (rows, details, error) = match outcome {
+        Ok((rows, details)) => (rows, details, None),
+        Err(e) => {
+            eprintln!("gyre-bench: {id} failed: {e}");
+            (Vec::new(), Value::Null, Some(e))
+        }
+    };
+    vec![ScenarioResult {
+        id: id.to_owned(),
+        title: title(id).to_owned(),
+        rows,
+        details,
+        error,
+        seconds,
+    }]
+}
+
+/// Runs the generative scenarios (S1-S5) in `only` (all when empty), in the
+/// order of [`ALL`].
 pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
     eprintln!("gyre-bench: warming the server up ...");
     warm_up_server(ctx).await;
     let mut results = Vec::new();
     for id in ALL {
-        if !only.is_empty() && !only.iter().any(|o| o.eq_ignore_ascii_case(id)) {
+        if !selected(only, id) || !id.starts_with('S') {
             continue;
         }
         let (title, started) = (title(id), Instant::now());
@@ -221,6 +266,7 @@ pub fn title(id: &str) -> &'static str {
         "S3" => "prefix cache: TTFT with a cached long prefix vs an uncached one",
         "S4" => "HTTP shim overhead: the same load through HTTP vs gRPC",
         "S5" => "cancellation storm: KV blocks released",
+        "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
         _ => "?",
     }
 }

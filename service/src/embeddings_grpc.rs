@@ -1,0 +1,137 @@
+//! The `gyre.v1.Embeddings` service over the hosted embedding models: input
+//! checks and tokenizing off the async threads, then the model's embedding
+//! worker, which batches concurrent calls together.
+
+use std::sync::Arc;
+
+use gyre_api::v1::{
+    self, EmbedRequest, EmbedResponse, GetEmbedStatsRequest, embed_request,
+    embeddings_server::Embeddings,
+};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::embeddings::{EmbeddingRuntime, Inputs, embed_error};
+use crate::error::ServiceError;
+
+#[derive(Clone)]
+pub struct EmbeddingsService {
+    models: Arc<Vec<Arc<EmbeddingRuntime>>>,
+    /// Ids of the server's generative models: naming one here is a request
+    /// for the wrong kind of model, not an unknown one.
+    generative: Arc<Vec<String>>,
+    draining: watch::Receiver<bool>,
+}
+
+/// The error for a request that names a model of the other kind.
+pub fn wrong_kind(model: &str, wanted: &str, is: &str) -> ServiceError {
+    ServiceError::invalid(
+        "model",
+        "WRONG_MODEL_KIND",
+        format!(
+            "the model `{}` is {is} model; this endpoint needs {wanted} model",
+            gyre_api::clip(model)
+        ),
+    )
+}
+
+impl EmbeddingsService {
+    pub fn new(
+        models: Vec<Arc<EmbeddingRuntime>>,
+        generative: Vec<String>,
+        draining: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            models: Arc::new(models),
+            generative: Arc::new(generative),
+            draining,
+        }
+    }
+
+    fn resolve(&self, name: &str) -> Result<Arc<EmbeddingRuntime>, ServiceError> {
+        let found = if name.is_empty() {
+            self.models.first()
+        } else {
+            self.models.iter().find(|m| m.id == name)
+        };
+        match found {
+            Some(m) => Ok(m.clone()),
+            None if name.is_empty() && !self.generative.is_empty() => Err(wrong_kind(
+                &self.generative[0],
+                "an embedding",
+                "a generative",
+            )),
+            None if self.generative.iter().any(|g| g == name) => {
+                Err(wrong_kind(name, "an embedding", "a generative"))
+            }
+            None => Err(ServiceError::ModelNotFound(name.to_string())),
+        }
+    }
+
+    async fn embed(&self, req: EmbedRequest) -> Result<EmbedResponse, ServiceError> {
+        if *self.draining.borrow() {
+            return Err(ServiceError::Draining);
+        }
+        let model = self.resolve(&req.model)?;
+        let inputs = match req.inputs {
+            Some(embed_request::Inputs::Texts(t)) => Inputs::Texts(t.texts),
+            Some(embed_request::Inputs::TokenIds(t)) => {
+                Inputs::TokenIds(t.lists.into_iter().map(|l| l.ids).collect())
+            }
+            None => Inputs::Texts(Vec::new()),
+        };
+        let (truncate, dims) = (req.truncate_prompt_tokens, req.dimensions);
+        let m = model.clone();
+        let ids = tokio::task::spawn_blocking(move || m.prepare(inputs, truncate, dims))
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        let counts: Vec<u32> = ids.iter().map(|i| i.len() as u32).collect();
+        let vectors = model.engine.embed(ids, dims).await.map_err(embed_error)?;
+        let total: u32 = counts.iter().sum();
+        Ok(EmbedResponse {
+            model: model.id.clone(),
+            embeddings: vectors
+                .into_iter()
+                .zip(counts)
+                .map(|(values, prompt_tokens)| v1::Embedding {
+                    values,
+                    prompt_tokens,
+                })
+                .collect(),
+            usage: Some(v1::EmbedUsage {
+                prompt_tokens: total,
+                total_tokens: total,
+            }),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Embeddings for EmbeddingsService {
+    async fn embed(
+        &self,
+        request: Request<EmbedRequest>,
+    ) -> Result<Response<EmbedResponse>, Status> {
+        Ok(Response::new(
+            EmbeddingsService::embed(self, request.into_inner()).await?,
+        ))
+    }
+
+    async fn get_embed_stats(
+        &self,
+        request: Request<GetEmbedStatsRequest>,
+    ) -> Result<Response<v1::EmbedStats>, Status> {
+        let model = self.resolve(&request.into_inner().model)?;
+        let s = model.engine.stats();
+        Ok(Response::new(v1::EmbedStats {
+            model: model.id.clone(),
+            requests_total: s.requests_total,
+            inputs_total: s.inputs_total,
+            tokens_total: s.tokens_total,
+            steps_total: s.steps_total,
+            max_step_requests: s.max_step_requests,
+            max_step_inputs: s.max_step_inputs,
+            pending: s.pending,
+        }))
+    }
+}
