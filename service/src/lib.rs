@@ -28,4 +28,5 @@ pub mod server;
 pub mod stop;
 pub mod structured;
 pub mod template;
+pub mod tenant;
 pub mod tools;
