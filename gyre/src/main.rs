@@ -16,7 +16,6 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
-use gyre_service::embeddings::EmbeddingRuntime;
 use gyre_service::registry::load::{self, LoadDefaults};
 use gyre_service::registry::spec::{self, ModelSpec};
 use gyre_service::resolve;
@@ -75,8 +74,8 @@ struct ModelArgs {
     /// revision, deprecated, sunset (dates: YYYY-MM-DD or RFC 3339),
     /// owned_by, kv_cache_mib. An existing path wins over a hub id. A
     /// sentence-transformers directory (modules.json) or a `BertModel` one
-    /// is served as an embedding model (/v1/embeddings, gyre.v1.Embeddings;
-    /// name= only).
+    /// is served as an embedding model (/v1/embeddings, gyre.v1.Embeddings)
+    /// with the same catalogue keys (kv_cache_mib aside).
     /// Default (without --model and --config): SmolLM2-135M-Instruct,
     /// linked there by `make setup`.
     #[arg(long, env = "GYRE_MODEL")]
@@ -355,48 +354,6 @@ fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
     Ok(specs)
 }
 
-/// Loads the embedding models among `specs` (sentence-transformers or
-/// `BertModel` directories) and takes them out of it; the rest are
-/// generative and go to the registry.
-async fn load_embedders(
-    specs: &mut Vec<ModelSpec>,
-    args: &ModelArgs,
-    log_format: LogFormat,
-) -> anyhow::Result<Vec<Arc<EmbeddingRuntime>>> {
-    let cache = resolve::hub_cache_dir();
-    let mut embedders = Vec::new();
-    let mut generative = Vec::new();
-    for spec in std::mem::take(specs) {
-        let resolved = resolve::resolve(&spec.source, spec.revision.as_deref(), &cache)?;
-        if !gyre_engine::encoder::is_embedding_model(&resolved.path) {
-            generative.push(spec);
-            continue;
-        }
-        if !spec.aliases.is_empty()
-            || spec.version.is_some()
-            || spec.deprecation.is_some()
-            || spec.sunset.is_some()
-        {
-            anyhow::bail!(
-                "--model {}: an embedding model takes only `name=` (aliases, versions and dates are for generative models)",
-                spec.source
-            );
-        }
-        let served_name = spec.name.or_else(|| resolved.hub.map(|h| h.repo_id));
-        let mut opts = gyre_engine::EmbedOptions::new(resolved.path);
-        opts.device = device_choice(&args.device);
-        opts.load_progress = Some(load_progress(log_format));
-        opts.max_batch_tokens = args.engine.embed_batch_tokens as usize;
-        opts.queue_capacity = args.engine.max_queue.max(1);
-        opts.compute_threads = args.engine.compute_threads;
-        let rt = tokio::task::spawn_blocking(move || EmbeddingRuntime::load(opts, served_name))
-            .await??;
-        embedders.push(Arc::new(rt));
-    }
-    *specs = generative;
-    Ok(embedders)
-}
-
 fn device_choice(d: &Device) -> DeviceChoice {
     match d {
         Device::Auto => DeviceChoice::Auto,
@@ -430,6 +387,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
         max_running: e.max_running,
         max_batch_tokens: e.max_batch_tokens,
         max_queue: e.max_queue,
+        embed_batch_tokens: e.embed_batch_tokens as usize,
         compute_threads: e.compute_threads,
         text,
         load_progress: Some(load_progress(log_format)),
@@ -535,29 +493,19 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
-    let mut specs = model_specs(&model)?;
-    let embedders = load_embedders(&mut specs, &model, cli.log_format).await?;
+    let specs = model_specs(&model)?;
     let defaults = load_defaults(&model, cli.log_format)?;
     let registry = Arc::new(load::load_all(specs, &defaults).await?);
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
-        let (mut drain_rx, registry, embedders, timeout) = (
-            drain_rx.clone(),
-            registry.clone(),
-            embedders.clone(),
-            grpc.drain_timeout,
-        );
+        let (mut drain_rx, registry, timeout) =
+            (drain_rx.clone(), registry.clone(), grpc.drain_timeout);
         tokio::spawn(async move {
             if drain_rx.wait_for(|d| *d).await.is_err() {
                 return;
             }
-            let idle = async {
-                registry.wait_idle().await;
-                for e in &embedders {
-                    e.engine.wait_idle().await;
-                }
-            };
+            let idle = registry.wait_idle();
             let limit = std::time::Duration::from_secs_f64(timeout.max(0.0));
             if tokio::time::timeout(limit, idle).await.is_err() {
                 tracing::warn!(
@@ -590,7 +538,6 @@ async fn run() -> anyhow::Result<()> {
         admin_api_key: grpc.admin_api_key.clone(),
         load_defaults: Some(defaults),
         store: Some(Arc::new(store)),
-        embedders,
     };
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let grpc_task = tokio::spawn(gyre_shim::conn::serve(

@@ -214,9 +214,9 @@ impl Admin for AdminService {
         };
         let entry = self.registry.remove(&req.name).await?;
         tracing::info!(model = %entry.card.id, "unloading: draining its requests");
-        let rt = entry.generative_runtime()?.clone();
-        let idle = rt.engine.wait_stats(|s| s.running == 0 && s.waiting == 0);
-        let drained = tokio::time::timeout(timeout, idle).await.is_ok();
+        let drained = tokio::time::timeout(timeout, entry.wait_idle())
+            .await
+            .is_ok();
         tracing::info!(model = %entry.card.id, drained, "model unloaded");
         Ok(Response::new(UnloadModelResponse {
             id: entry.card.id.clone(),
@@ -233,13 +233,7 @@ impl Admin for AdminService {
             .list()
             .iter()
             .map(|e| {
-                let (running, waiting) = match e.generative_runtime() {
-                    Ok(rt) => {
-                        let s = rt.engine.stats();
-                        (s.running, s.waiting)
-                    }
-                    Err(_) => (0, 0),
-                };
+                let (running, waiting) = e.load();
                 AdminModel {
                     model: Some(e.to_proto()),
                     source: e.card.source.clone(),

@@ -11,68 +11,27 @@ use gyre_api::v1::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::embeddings::{EmbeddingRuntime, Inputs, embed_error};
+use crate::embeddings::{Inputs, embed_error};
 use crate::error::ServiceError;
+use crate::grpc::model_metadata;
+use crate::registry::{Entry, Registry};
 
 #[derive(Clone)]
 pub struct EmbeddingsService {
-    models: Arc<Vec<Arc<EmbeddingRuntime>>>,
-    /// Ids of the server's generative models: naming one here is a request
-    /// for the wrong kind of model, not an unknown one.
-    generative: Arc<Vec<String>>,
+    models: Arc<Registry>,
     draining: watch::Receiver<bool>,
 }
 
-/// The error for a request that names a model of the other kind.
-pub fn wrong_kind(model: &str, wanted: &str, is: &str) -> ServiceError {
-    ServiceError::invalid(
-        "model",
-        "WRONG_MODEL_KIND",
-        format!(
-            "the model `{}` is {is} model; this endpoint needs {wanted} model",
-            gyre_api::clip(model)
-        ),
-    )
-}
-
 impl EmbeddingsService {
-    pub fn new(
-        models: Vec<Arc<EmbeddingRuntime>>,
-        generative: Vec<String>,
-        draining: watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            models: Arc::new(models),
-            generative: Arc::new(generative),
-            draining,
-        }
+    pub fn new(models: Arc<Registry>, draining: watch::Receiver<bool>) -> Self {
+        Self { models, draining }
     }
 
-    fn resolve(&self, name: &str) -> Result<Arc<EmbeddingRuntime>, ServiceError> {
-        let found = if name.is_empty() {
-            self.models.first()
-        } else {
-            self.models.iter().find(|m| m.id == name)
-        };
-        match found {
-            Some(m) => Ok(m.clone()),
-            None if name.is_empty() && !self.generative.is_empty() => Err(wrong_kind(
-                &self.generative[0],
-                "an embedding",
-                "a generative",
-            )),
-            None if self.generative.iter().any(|g| g == name) => {
-                Err(wrong_kind(name, "an embedding", "a generative"))
-            }
-            None => Err(ServiceError::ModelNotFound(name.to_string())),
-        }
-    }
-
-    async fn embed(&self, req: EmbedRequest) -> Result<EmbedResponse, ServiceError> {
+    async fn embed(&self, req: EmbedRequest) -> Result<(EmbedResponse, Arc<Entry>), ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
-        let model = self.resolve(&req.model)?;
+        let (entry, model) = self.models.embedder(&req.model)?;
         let inputs = match req.inputs {
             Some(embed_request::Inputs::Texts(t)) => Inputs::Texts(t.texts),
             Some(embed_request::Inputs::TokenIds(t)) => {
@@ -88,7 +47,7 @@ impl EmbeddingsService {
         let counts: Vec<u32> = ids.iter().map(|i| i.len() as u32).collect();
         let vectors = model.engine.embed(ids, dims).await.map_err(embed_error)?;
         let total: u32 = counts.iter().sum();
-        Ok(EmbedResponse {
+        let response = EmbedResponse {
             model: model.id.clone(),
             embeddings: vectors
                 .into_iter()
@@ -102,7 +61,8 @@ impl EmbeddingsService {
                 prompt_tokens: total,
                 total_tokens: total,
             }),
-        })
+        };
+        Ok((response, entry))
     }
 }
 
@@ -112,16 +72,17 @@ impl Embeddings for EmbeddingsService {
         &self,
         request: Request<EmbedRequest>,
     ) -> Result<Response<EmbedResponse>, Status> {
-        Ok(Response::new(
-            EmbeddingsService::embed(self, request.into_inner()).await?,
-        ))
+        let (out, entry) = EmbeddingsService::embed(self, request.into_inner()).await?;
+        let mut response = Response::new(out);
+        model_metadata(response.metadata_mut(), &entry);
+        Ok(response)
     }
 
     async fn get_embed_stats(
         &self,
         request: Request<GetEmbedStatsRequest>,
     ) -> Result<Response<v1::EmbedStats>, Status> {
-        let model = self.resolve(&request.into_inner().model)?;
+        let (_, model) = self.models.embedder(&request.into_inner().model)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EmbedStats {
             model: model.id.clone(),

@@ -19,7 +19,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::choice::{Choice, run};
-use crate::embeddings::EmbeddingRuntime;
 use crate::error::ServiceError;
 use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
@@ -34,10 +33,6 @@ pub(crate) const STREAM_BUFFER: usize = 64;
 #[derive(Clone)]
 pub struct GenerationService {
     pub(crate) models: Arc<Registry>,
-    /// The server's embedding models: listed by `ListModels`, and named in
-    /// a generation request they are the wrong kind of model (400), not an
-    /// unknown one.
-    embedders: Arc<Vec<Arc<EmbeddingRuntime>>>,
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,
@@ -61,37 +56,7 @@ impl GenerationService {
         models: Arc<Registry>,
         draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self {
-            models,
-            embedders: Arc::new(Vec::new()),
-            draining,
-        }
-    }
-
-    /// The same service, knowing the server's embedding models too.
-    pub fn with_embedders(mut self, embedders: Vec<Arc<EmbeddingRuntime>>) -> Self {
-        self.embedders = Arc::new(embedders);
-        self
-    }
-
-    /// Fails when `name` is an embedding model (or empty on a server with
-    /// embedding models only): generation needs a generative model.
-    fn check_kind(&self, name: &str) -> Result<(), ServiceError> {
-        let embedding = if name.is_empty() {
-            self.models
-                .list()
-                .is_empty()
-                .then(|| self.embedders.first())
-                .flatten()
-        } else {
-            self.embedders.iter().find(|e| e.id == name)
-        };
-        match embedding {
-            Some(e) if self.models.resolve(&e.id).is_err() => Err(
-                crate::embeddings_grpc::wrong_kind(&e.id, "a generative", "an embedding"),
-            ),
-            _ => Ok(()),
-        }
+        Self { models, draining }
     }
 
     /// Validates and submits a request; one event receiver per choice.
@@ -110,8 +75,7 @@ impl GenerationService {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
-        self.check_kind(&req.model)?;
-        let entry = self.models.resolve(&req.model)?;
+        let entry = self.models.resolve_kind(&req.model, "generate")?;
         let model = entry.generative_runtime()?.clone();
         let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
@@ -275,8 +239,7 @@ impl Generation for GenerationService {
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
         let req = request.into_inner();
-        self.check_kind(&req.model)?;
-        let entry = self.models.resolve(&req.model)?;
+        let entry = self.models.resolve_kind(&req.model, "generate")?;
         let model = entry.generative_runtime()?.clone();
         let resp =
             tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
@@ -316,8 +279,7 @@ impl Generation for GenerationService {
         request: Request<DetokenizeRequest>,
     ) -> Result<Response<DetokenizeResponse>, Status> {
         let req = request.into_inner();
-        self.check_kind(&req.model)?;
-        let entry = self.models.resolve(&req.model)?;
+        let entry = self.models.resolve_kind(&req.model, "generate")?;
         let text = entry
             .generative_runtime()?
             .decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;
@@ -331,7 +293,6 @@ impl Generation for GenerationService {
         request: Request<v1::GetStatsRequest>,
     ) -> Result<Response<v1::EngineStats>, Status> {
         let name = request.into_inner().model;
-        self.check_kind(&name)?;
         let model = self.models.runtime(&name)?;
         let s = model.engine.stats();
         Ok(Response::new(v1::EngineStats {
@@ -355,22 +316,7 @@ impl Generation for GenerationService {
         &self,
         _: Request<ListModelsRequest>,
     ) -> Result<Response<ListModelsResponse>, Status> {
-        let models = self
-            .models
-            .list()
-            .iter()
-            .map(|e| e.to_proto())
-            .chain(self.embedders.iter().map(|e| v1::Model {
-                id: e.id.clone(),
-                owned_by: e.owned_by.clone(),
-                created: e.created,
-                max_model_len: e.max_len(),
-                vocab_size: e.engine.info().vocab_size,
-                architecture: e.engine.info().architecture.clone(),
-                kind: "embed".into(),
-                ..v1::Model::default()
-            }))
-            .collect();
+        let models = self.models.list().iter().map(|e| e.to_proto()).collect();
         Ok(Response::new(ListModelsResponse { models }))
     }
 }

@@ -19,7 +19,6 @@ use tonic::{Request, Status};
 use tower::Layer as _;
 
 use crate::admin::{AdminKeyCheck, AdminService};
-use crate::embeddings::EmbeddingRuntime;
 use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
 use crate::registry::load::LoadDefaults;
@@ -77,9 +76,6 @@ pub struct ServerOptions {
     pub load_defaults: Option<LoadDefaults>,
     /// Where gyre.v1.Responses keeps responses; None: an in-memory store.
     pub store: Option<Arc<Store>>,
-    /// Embedding models, served by gyre.v1.Embeddings next to the
-    /// registry's generative ones.
-    pub embedders: Vec<Arc<EmbeddingRuntime>>,
 }
 
 /// The gRPC service over `models`, ready to serve. Once `draining` turns
@@ -132,12 +128,6 @@ pub async fn grpc_service_for(
         .set_serving::<EmbeddingsServer<EmbeddingsService>>()
         .await;
     registry.attach_health(health.clone()).await;
-    let embed_ids: Vec<String> = opts.embedders.iter().map(|e| e.id.clone()).collect();
-    for id in &embed_ids {
-        health
-            .set_service_status(id, tonic_health::ServingStatus::Serving)
-            .await;
-    }
     {
         let mut draining = draining.clone();
         let registry = registry.clone();
@@ -158,11 +148,6 @@ pub async fn grpc_service_for(
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
             registry.all_not_serving().await;
-            for id in embed_ids {
-                health
-                    .set_service_status(&id, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
         });
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -177,21 +162,11 @@ pub async fn grpc_service_for(
         Some(store) => store,
         None => Arc::new(Store::open(StoreConfig::default())?),
     };
-    let generative: Vec<String> = registry
-        .list()
-        .iter()
-        .flat_map(|e| e.names().map(str::to_string).collect::<Vec<_>>())
-        .collect();
     let embeddings = InterceptedService::new(
-        EmbeddingsServer::new(EmbeddingsService::new(
-            opts.embedders.clone(),
-            generative,
-            draining.clone(),
-        )),
+        EmbeddingsServer::new(EmbeddingsService::new(registry.clone(), draining.clone())),
         ApiKeyCheck::new(opts.api_key.clone()),
     );
-    let gen_service = GenerationService::with_registry(registry.clone(), draining.clone())
-        .with_embedders(opts.embedders);
+    let gen_service = GenerationService::with_registry(registry.clone(), draining.clone());
     let responses = InterceptedService::new(
         ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
         ApiKeyCheck::new(opts.api_key.clone()),

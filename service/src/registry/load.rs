@@ -1,17 +1,20 @@
 //! From a [`ModelSpec`] to a registry [`Entry`]: resolve the source (as
 //! `--model` does), name it, estimate its memory budget ([`plan`]), then
 //! load its tokenizer, template and weights ([`load`]). The binary does this
-//! for every model at start; the admin service for one at a time.
+//! for every model at start; the admin service for one at a time. A
+//! sentence-transformers (or `BertModel`) directory becomes an embedding
+//! model ([`ModelKind::Embed`]); anything else a generative one.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use gyre_engine::progress::LoadProgress;
-use gyre_engine::{DeviceChoice, EngineOptions};
+use gyre_engine::{DeviceChoice, EmbedOptions, EngineOptions};
 
 use super::memory::{self, Budget};
 use super::spec::ModelSpec;
 use super::{Card, Entry, ModelKind, Registry};
+use crate::embeddings::EmbeddingRuntime;
 use crate::resolve;
 use crate::runtime::{ModelRuntime, TextOptions};
 
@@ -26,6 +29,8 @@ pub struct LoadDefaults {
     pub max_running: usize,
     pub max_batch_tokens: usize,
     pub max_queue: usize,
+    /// Embedding models: most padded tokens one forward pass runs.
+    pub embed_batch_tokens: usize,
     pub compute_threads: Option<usize>,
     pub text: TextOptions,
     pub load_progress: Option<Arc<dyn LoadProgress>>,
@@ -43,6 +48,8 @@ pub struct Planned {
     pub id: String,
     pub version: String,
     pub budget: Budget,
+    /// A sentence-embedding model (served by the embeddings routes).
+    pub embedding: bool,
 }
 
 /// Why a model cannot be planned or loaded.
@@ -107,10 +114,16 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         element_bytes: bytes_per_element,
     };
     let kv_budget = spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
+    let embedding = gyre_engine::encoder::is_embedding_model(&resolved.path);
     let budget = Budget {
         name: id.clone(),
         weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element),
-        kv_bytes: memory::kv_bytes(&resolved.path, kv_budget, geometry),
+        // An encoder keeps no cache between requests.
+        kv_bytes: if embedding {
+            0
+        } else {
+            memory::kv_bytes(&resolved.path, kv_budget, geometry)
+        },
     };
     Ok(Planned {
         spec,
@@ -118,6 +131,7 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         id,
         version,
         budget,
+        embedding,
     })
 }
 
@@ -135,6 +149,9 @@ pub fn device_memory(d: &LoadDefaults) -> Option<u64> {
 
 /// Loads a planned model (blocking: seconds to minutes).
 pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
+    if p.embedding {
+        return load_embedding(p, d);
+    }
     let mut opts = EngineOptions::new(p.path.clone());
     opts.device = d.device;
     opts.load_progress = d.load_progress.clone();
@@ -150,22 +167,47 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     if let Some(owner) = &p.spec.owned_by {
         rt.owned_by.clone_from(owner);
     }
-    let card = Card {
+    let (owned_by, created) = (rt.owned_by.clone(), rt.created);
+    Ok(Entry {
+        card: card(p, owned_by, created),
+        kind: ModelKind::Generate(Arc::new(rt)),
+    })
+}
+
+/// Loads a planned embedding model (blocking).
+fn load_embedding(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
+    let mut opts = EmbedOptions::new(p.path.clone());
+    opts.device = d.device;
+    opts.load_progress = d.load_progress.clone();
+    opts.max_batch_tokens = d.embed_batch_tokens;
+    opts.queue_capacity = d.max_queue.max(1);
+    opts.compute_threads = d.compute_threads;
+    let mut rt = EmbeddingRuntime::load(opts, Some(p.id.clone()))
+        .map_err(|e| LoadError::Load(format!("{e:#}")))?;
+    if let Some(owner) = &p.spec.owned_by {
+        rt.owned_by.clone_from(owner);
+    }
+    let (owned_by, created) = (rt.owned_by.clone(), rt.created);
+    Ok(Entry {
+        card: card(p, owned_by, created),
+        kind: ModelKind::Embed(Arc::new(rt)),
+    })
+}
+
+/// The catalogue card of a loaded model.
+fn card(p: Planned, owned_by: String, created: i64) -> Card {
+    Card {
         id: p.id,
         aliases: p.spec.aliases,
         version: p.version,
-        owned_by: rt.owned_by.clone(),
-        created: rt.created,
+        owned_by,
+        created,
         deprecation: p.spec.deprecation,
         sunset: p.spec.sunset,
         source: p.path.display().to_string(),
         reserved_bytes: p.budget.total(),
         kv_bytes: p.budget.kv_bytes,
-    };
-    Ok(Entry {
-        card,
-        kind: ModelKind::Generate(Arc::new(rt)),
-    })
+    }
 }
 
 /// Resolves every model, checks their names and that they fit the device

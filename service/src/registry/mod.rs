@@ -1,14 +1,15 @@
 //! The models one server serves: a catalogue of entries, each a model of
-//! some kind (today only generative, [`ModelKind::Generate`]) with its
-//! catalogue card (id, aliases, pinned version, owner, creation time,
-//! deprecation and sunset dates). Requests resolve a name or alias here;
-//! the admin service inserts and removes entries while the server runs,
-//! and the per-model grpc.health.v1 statuses follow.
+//! some kind (generative, [`ModelKind::Generate`], or a sentence-embedding
+//! encoder, [`ModelKind::Embed`]) with its catalogue card (id, aliases,
+//! pinned version, owner, creation time, deprecation and sunset dates).
+//! Requests resolve a name or alias here; the admin service inserts and
+//! removes entries while the server runs, and the per-model
+//! grpc.health.v1 statuses follow.
 //!
-//! Adding a kind (embeddings): a new [`ModelKind`] variant holding its
-//! runtime; [`Entry::kind_name`] names it in the catalogue, and the routes
-//! of the other kind refuse it through [`Entry::generative`] (or a sibling
-//! accessor) with FAILED_PRECONDITION.
+//! Each route asks for the kind it serves ([`Registry::runtime`],
+//! [`Registry::embedder`]): a name of the other kind is a 400
+//! (`WRONG_MODEL_KIND`, naming `model`), not an unknown model, and an empty
+//! name is the first model of the kind asked for.
 
 pub mod load;
 pub mod memory;
@@ -20,6 +21,7 @@ use gyre_api::v1;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::embeddings::EmbeddingRuntime;
 use crate::error::ServiceError;
 use crate::runtime::ModelRuntime;
 
@@ -27,6 +29,20 @@ use crate::runtime::ModelRuntime;
 pub enum ModelKind {
     /// Chat and completions (and tokenize / detokenize).
     Generate(Arc<ModelRuntime>),
+    /// Embeddings.
+    Embed(Arc<EmbeddingRuntime>),
+}
+
+/// The error for a request that names a model of the other kind.
+pub fn wrong_kind(model: &str, wanted: &str, is: &str) -> ServiceError {
+    ServiceError::invalid(
+        "model",
+        "WRONG_MODEL_KIND",
+        format!(
+            "the model `{}` is {is} model; this endpoint needs {wanted} model",
+            gyre_api::clip(model)
+        ),
+    )
 }
 
 /// A model's catalogue entry.
@@ -72,16 +88,72 @@ impl Entry {
         }
     }
 
-    /// The generative runtime; every kind there is today has one.
+    /// An entry for an embedding runtime, with nothing beyond its id,
+    /// owner and creation time on the card.
+    pub fn embedding(rt: Arc<EmbeddingRuntime>) -> Self {
+        Self {
+            card: Card {
+                id: rt.id.clone(),
+                owned_by: rt.owned_by.clone(),
+                created: rt.created,
+                ..Card::default()
+            },
+            kind: ModelKind::Embed(rt),
+        }
+    }
+
+    /// The generative runtime; an embedding model has none.
     pub fn generative_runtime(&self) -> Result<&Arc<ModelRuntime>, ServiceError> {
         match &self.kind {
             ModelKind::Generate(rt) => Ok(rt),
+            ModelKind::Embed(_) => Err(wrong_kind(&self.card.id, "a generative", "an embedding")),
+        }
+    }
+
+    /// The embedding runtime; a generative model has none.
+    pub fn embedding_runtime(&self) -> Result<&Arc<EmbeddingRuntime>, ServiceError> {
+        match &self.kind {
+            ModelKind::Embed(rt) => Ok(rt),
+            ModelKind::Generate(_) => {
+                Err(wrong_kind(&self.card.id, "an embedding", "a generative"))
+            }
         }
     }
 
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
             ModelKind::Generate(_) => "generate",
+            ModelKind::Embed(_) => "embed",
+        }
+    }
+
+    /// Whether the model has no request running or waiting.
+    pub fn is_idle(&self) -> bool {
+        let (running, waiting) = self.load();
+        running == 0 && waiting == 0
+    }
+
+    /// Requests running and waiting (an embedding model counts its queued
+    /// calls as waiting).
+    pub fn load(&self) -> (u32, u32) {
+        match &self.kind {
+            ModelKind::Generate(rt) => {
+                let s = rt.engine.stats();
+                (s.running, s.waiting)
+            }
+            ModelKind::Embed(rt) => (0, rt.engine.stats().pending),
+        }
+    }
+
+    /// Waits until the model has no request running or waiting.
+    pub async fn wait_idle(&self) {
+        match &self.kind {
+            ModelKind::Generate(rt) => {
+                rt.engine
+                    .wait_stats(|s| s.running == 0 && s.waiting == 0)
+                    .await;
+            }
+            ModelKind::Embed(rt) => rt.engine.wait_idle().await,
         }
     }
 
@@ -128,6 +200,12 @@ impl Entry {
                 m.vocab_size = info.vocab_size;
                 m.architecture = info.architecture.clone();
                 m.chat = rt.template.is_some();
+            }
+            ModelKind::Embed(rt) => {
+                let info = rt.engine.info();
+                m.max_model_len = info.max_seq_length;
+                m.vocab_size = info.vocab_size;
+                m.architecture = info.architecture.clone();
             }
         }
         m
@@ -193,9 +271,24 @@ impl Registry {
     /// The model `name` (an id or alias; "" is the first model). A
     /// deprecated model still resolves, with a warning in the log.
     pub fn resolve(&self, name: &str) -> Result<Arc<Entry>, ServiceError> {
+        self.resolve_where(name, |_| true)
+    }
+
+    /// The model `name` for a route that serves `kind` ("generate" or
+    /// "embed"): "" is the first model of that kind (or, with none, the
+    /// first model, which the route then refuses as the wrong kind).
+    pub fn resolve_kind(&self, name: &str, kind: &str) -> Result<Arc<Entry>, ServiceError> {
+        self.resolve_where(name, |e| e.kind_name() == kind)
+    }
+
+    fn resolve_where(
+        &self,
+        name: &str,
+        first: impl Fn(&Entry) -> bool,
+    ) -> Result<Arc<Entry>, ServiceError> {
         let list = self.read();
         let found = if name.is_empty() {
-            list.first()
+            list.iter().find(|e| first(e)).or_else(|| list.first())
         } else {
             list.iter().find(|e| e.answers_to(name))
         };
@@ -217,7 +310,19 @@ impl Registry {
 
     /// The generative runtime of `name`.
     pub fn runtime(&self, name: &str) -> Result<Arc<ModelRuntime>, ServiceError> {
-        self.resolve(name)?.generative_runtime().cloned()
+        self.resolve_kind(name, "generate")?
+            .generative_runtime()
+            .cloned()
+    }
+
+    /// The entry and embedding runtime of `name`.
+    pub fn embedder(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<Entry>, Arc<EmbeddingRuntime>), ServiceError> {
+        let entry = self.resolve_kind(name, "embed")?;
+        let rt = entry.embedding_runtime()?.clone();
+        Ok((entry, rt))
     }
 
     /// Bytes promised to the models served.
@@ -276,11 +381,7 @@ impl Registry {
     /// Waits until no model served has a request running or waiting.
     pub async fn wait_idle(&self) {
         for e in self.list() {
-            if let Ok(rt) = e.generative_runtime() {
-                rt.engine
-                    .wait_stats(|s| s.running == 0 && s.waiting == 0)
-                    .await;
-            }
+            e.wait_idle().await;
         }
     }
 

@@ -1,14 +1,17 @@
 //! `POST /v1/embeddings` (also `/embeddings`): one gRPC `Embed` call,
-//! answered as OpenAI's `CreateEmbeddingResponse`.
+//! answered as OpenAI's `CreateEmbeddingResponse`, with the model's
+//! deprecation notices as headers (as chat's).
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse as _, Response};
 use gyre_api::v1::{self as pb, EmbedRequest, embed_request};
 
 use crate::AppState;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
+use crate::notice::ModelNotice;
 use crate::openai::embeddings::{
     Embedding, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Vector,
 };
@@ -19,7 +22,7 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     JsonObject(body): JsonObject,
-) -> Result<Json<EmbeddingList>, ApiError> {
+) -> Result<Response, ApiError> {
     let req = EmbeddingRequest::from_body(&body)?;
     drop(body);
     let inputs = match req.input {
@@ -39,13 +42,14 @@ pub async fn create(
         call.set_timeout(t);
     }
     let mut client = state.embeddings.clone();
-    let out = client
+    let response = client
         .embed(call)
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Embeddings).for_model(&req.model))?
-        .into_inner();
+        .map_err(|status| ApiError::from_status(&status, Api::Embeddings).for_model(&req.model))?;
+    let notice = ModelNotice::from_metadata(response.metadata());
+    let out = response.into_inner();
     let usage = out.usage.unwrap_or_default();
-    Ok(Json(EmbeddingList {
+    let list = EmbeddingList {
         object: "list",
         data: out
             .embeddings
@@ -62,5 +66,6 @@ pub async fn create(
             prompt_tokens: usage.prompt_tokens,
             total_tokens: usage.total_tokens,
         },
-    }))
+    };
+    Ok(notice.apply(Json(list).into_response()))
 }
