@@ -29,6 +29,7 @@ pub mod progress;
 mod sampler;
 mod scheduler;
 mod sequence;
+mod speculate;
 mod worker;
 
 use std::path::PathBuf;
@@ -40,6 +41,7 @@ pub use constraint::Constraint;
 pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
 pub use sampler::{Sampler, Sampling, argmax};
+pub use speculate::{MAX_NGRAM, MAX_SPECULATIVE_TOKENS, Speculation};
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +163,11 @@ pub struct EngineStats {
     pub steps_total: u64,
     pub preemptions_total: u64,
     pub generated_tokens_total: u64,
+    /// Tokens proposed by speculation (prompt lookup) and computed.
+    pub spec_proposed_tokens_total: u64,
+    /// Of which the model agreed with (and so generated without a step of
+    /// their own).
+    pub spec_accepted_tokens_total: u64,
 }
 
 /// Facts about the loaded model that callers need.
@@ -208,6 +215,9 @@ pub struct GenerateRequest {
     /// structure are sampled (EOS and stop ids then count only where the
     /// structure allows them, so `min_tokens` does not apply).
     pub constraint: Option<Constraint>,
+    /// Prompt-lookup decoding (see `speculate`); None decodes a token a
+    /// step.
+    pub speculation: Option<Speculation>,
 }
 
 impl GenerateRequest {
@@ -227,6 +237,7 @@ impl GenerateRequest {
             priority: 0,
             cache_salt: String::new(),
             constraint: None,
+            speculation: None,
         }
     }
 }

@@ -31,6 +31,9 @@ pub(crate) struct SeqState {
     /// Prompt tokens found in the prefix cache at first admission.
     pub cached_tokens: usize,
     pub admitted_once: bool,
+    /// Speculative tokens at the end of `tokens` (proposed for this step,
+    /// not generated yet; see `speculate`).
+    pub drafts: usize,
 }
 
 impl SeqState {
@@ -46,7 +49,15 @@ impl SeqState {
             kv_regime: 0,
             cached_tokens: 0,
             admitted_once: false,
+            drafts: 0,
         }
+    }
+
+    /// Drops the speculative tokens at the end of `tokens`.
+    pub fn strip_drafts(&mut self) {
+        let real = self.tokens.len() - self.drafts;
+        self.tokens.truncate(real);
+        self.drafts = 0;
     }
 }
 
@@ -140,6 +151,17 @@ impl Scheduler {
         true
     }
 
+    /// Releases the blocks of `s` past those its tokens need (after
+    /// speculative tokens were dropped).
+    pub fn trim_blocks(&mut self, s: &mut SeqState) {
+        let keep = self.blocks_for(s.tokens.len()).max(s.hashes.len());
+        while s.blocks.len() > keep {
+            if let Some(b) = s.blocks.pop() {
+                self.alloc.release(b);
+            }
+        }
+    }
+
     /// Takes the longest cached prefix of a never-run sequence (leaving at
     /// least its last token to compute, whose logits are needed).
     fn match_prefix(&mut self, s: &mut SeqState) {
@@ -207,6 +229,7 @@ impl Scheduler {
                     .unwrap_or(i);
                 let mut v = running.remove(victim);
                 self.free(&mut v);
+                v.strip_drafts();
                 self.stats.preemptions += 1;
                 plan.preempted.push(v.id);
                 waiting.push(v);

@@ -96,3 +96,42 @@ pub(crate) fn take_token(
         None
     }
 }
+
+/// Checks a sequence's speculative tokens (its last `s.drafts` tokens, all
+/// computed this step) against what it samples from `rows`: the logits
+/// after its last real token, then after each speculative one. Samples row
+/// after row, keeping each sampled token, until one differs from the
+/// proposal (or all agree and the last row adds one more). The keys and
+/// values of agreeing proposals stay computed; the rest are dropped.
+/// Returns how the sequence ended, if it did.
+pub(crate) fn verify(
+    g: &mut Gen,
+    s: &mut SeqState,
+    rows: &[f32],
+    vocab: usize,
+    max_len: usize,
+    stats: &mut EngineStats,
+) -> Result<Option<Option<FinishReason>>, EngineError> {
+    let drafts = s.tokens.split_off(s.tokens.len() - s.drafts);
+    s.drafts = 0;
+    let real = s.tokens.len();
+    let mut accepted = 0;
+    let mut ended = None;
+    for (j, row) in rows.chunks_exact(vocab).enumerate() {
+        let tok = sample_next(g, row)?;
+        send_logprobs(g, row, tok);
+        if let Some(reason) = take_token(g, s, tok, max_len, stats) {
+            ended = Some(reason);
+            break;
+        }
+        if drafts.get(j) != Some(&tok) {
+            break;
+        }
+        accepted += 1;
+    }
+    stats.spec_proposed_tokens_total += drafts.len() as u64;
+    stats.spec_accepted_tokens_total += accepted as u64;
+    // Computed: the real tokens, then the proposals that were generated.
+    s.computed = real + accepted;
+    Ok(ended)
+}

@@ -18,7 +18,7 @@ use crate::layers::batch::SeqInput;
 use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
-use crate::sequence::{Gen, PROMPT_LP_ROWS, sample_next, send_logprobs, take_token};
+use crate::sequence::{Gen, PROMPT_LP_ROWS, sample_next, send_logprobs, take_token, verify};
 use crate::{
     Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, ModelInfo, Usage,
 };
@@ -184,7 +184,9 @@ impl Worker {
             }
             self.reap_cancelled();
             self.switch_kv_regimes();
+            self.propose_drafts();
             let plan = self.sched.schedule(&mut self.running, &mut self.waiting);
+            self.fit_drafts(&plan.runs);
             if plan.runs.is_empty() {
                 // Cannot happen with validated requests; never spin on it.
                 if let Some(mut s) = (!self.waiting.is_empty()).then(|| self.waiting.remove(0)) {
@@ -272,6 +274,57 @@ impl Worker {
         }
     }
 
+    /// Gives each decoding sequence that speculates the tokens prompt
+    /// lookup proposes for it, at the end of its tokens (`drafts`), to be
+    /// computed in the coming step beside its last token.
+    fn propose_drafts(&mut self) {
+        let max_len = self.model.config().max_position_embeddings as usize;
+        for s in &mut self.running {
+            let Some(g) = self.gens.get(&s.id) else {
+                continue;
+            };
+            let Some(spec) = g.req.speculation else {
+                continue;
+            };
+            let decoding = s.drafts == 0 && s.computed + 1 == s.tokens.len();
+            if !decoding || g.generated == 0 || !g.forks.is_empty() {
+                continue;
+            }
+            // No more than can still be generated: take_token ends the
+            // sequence at max_tokens, or once it would reach max_len.
+            let left = (g.req.max_tokens.saturating_sub(g.generated + 1) as usize)
+                .min(max_len.saturating_sub(s.tokens.len() + 1));
+            let mut k = (spec.num_tokens as usize).min(left);
+            // Never across a KV-regime boundary (longrope).
+            while k > 0 && self.model.kv_regime(s.tokens.len() + k) != s.kv_regime {
+                k -= 1;
+            }
+            let drafts = crate::speculate::lookup(&s.tokens, spec.max_ngram as usize, k);
+            s.drafts = drafts.len();
+            s.tokens.extend(drafts);
+        }
+    }
+
+    /// Keeps the speculative tokens that the plan computes: all of them
+    /// when the sequence runs whole, the first few when the token budget
+    /// cut its run, none when it does not run this step.
+    fn fit_drafts(&mut self, runs: &[(u64, usize)]) {
+        let n_of: HashMap<u64, usize> = runs.iter().copied().collect();
+        for s in &mut self.running {
+            if s.drafts == 0 {
+                continue;
+            }
+            let real = s.tokens.len() - s.drafts;
+            let covered = n_of
+                .get(&s.id)
+                .map_or(0, |&n| (s.computed + n).saturating_sub(real));
+            if covered < s.drafts {
+                s.tokens.truncate(real + covered);
+                s.drafts = covered;
+            }
+        }
+    }
+
     /// Sends a running sequence whose KV regime changed with its length
     /// (longrope past its original maximum) back to wait, its cache
     /// released, to be recomputed in the new regime, as transformers drops
@@ -342,8 +395,11 @@ impl Worker {
             });
             row += n as i64;
             if s.computed + n == s.tokens.len() {
-                rows.push(row - 1);
-                sampled.push(id);
+                // The last token's row, after the rows of the positions
+                // before each speculative token.
+                let d = s.drafts as i64;
+                rows.extend((0..=d).map(|j| row - 1 - d + j));
+                sampled.push((id, s.drafts));
             }
         }
         let hidden = self.model.forward(&inputs, &mut self.pool)?;
@@ -351,7 +407,10 @@ impl Worker {
         for &(id, n) in runs {
             let s = &mut self.running[pos[&id]];
             s.computed += n;
-            self.sched.register_full_blocks(s);
+            // Blocks holding speculative tokens are indexed once checked.
+            if s.drafts == 0 {
+                self.sched.register_full_blocks(s);
+            }
         }
         if !prompt_rows.is_empty() {
             self.send_prompt_logprobs(&hidden, &prompt_rows)?;
@@ -364,12 +423,27 @@ impl Worker {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut children = Vec::new();
-        for (i, id) in sampled.into_iter().enumerate() {
-            let row = &flat[i * vocab..(i + 1) * vocab];
+        let mut at = 0;
+        for (id, drafts) in sampled {
+            let first = at;
+            at += 1 + drafts;
             let s = &mut self.running[pos[&id]];
             let Some(g) = self.gens.get_mut(&id) else {
                 continue;
             };
+            if drafts > 0 {
+                let rows = &flat[first * vocab..at * vocab];
+                match verify(g, s, rows, vocab, max_len, &mut self.stats) {
+                    Ok(Some(reason)) => finished.push((id, reason)),
+                    Ok(None) => {
+                        self.sched.trim_blocks(s);
+                        self.sched.register_full_blocks(s);
+                    }
+                    Err(e) => failed.push((id, e)),
+                }
+                continue;
+            }
+            let row = &flat[first * vocab..at * vocab];
             // Parallel sampling: once the prompt is in the cache, each extra
             // choice becomes a sequence sharing the prompt's blocks (the
             // partial last block is copied on its first write).
@@ -390,6 +464,7 @@ impl Worker {
                     kv_regime: s.kv_regime,
                     cached_tokens: s.cached_tokens,
                     admitted_once: true,
+                    drafts: 0,
                 };
                 let mut cg = Gen {
                     req: g.req.clone(),
