@@ -124,6 +124,13 @@ struct ModelArgs {
     /// output always starts inside the section) or `mistral` (`[THINK]`).
     #[arg(long, env = "GYRE_REASONING_PARSER", default_value = "auto")]
     reasoning_parser: gyre_service::reasoning::ParserChoice,
+    /// Prompt-lookup decoding by default for every generative model: up to
+    /// this many tokens proposed per step from n-gram matches in the
+    /// prompt and output (0: off; a request's `num_assistant_tokens` and
+    /// `max_ngram_size` override it, up to 64).
+    #[arg(long, env = "GYRE_PROMPT_LOOKUP_TOKENS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=64))]
+    prompt_lookup_tokens: u32,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -377,6 +384,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
             .as_deref()
             .and_then(gyre_service::tools::ToolFormat::from_name),
         reasoning_parser: args.reasoning_parser,
+        prompt_lookup_tokens: args.prompt_lookup_tokens,
     };
     let e = &args.engine;
     Ok(LoadDefaults {

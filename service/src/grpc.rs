@@ -309,6 +309,8 @@ impl Generation for GenerationService {
             steps_total: s.steps_total,
             preemptions_total: s.preemptions_total,
             generated_tokens_total: s.generated_tokens_total,
+            speculative_proposed_tokens_total: s.spec_proposed_tokens_total,
+            speculative_accepted_tokens_total: s.spec_accepted_tokens_total,
         }))
     }
 

@@ -177,6 +177,48 @@ fn reasoning_of(
     })
 }
 
+/// Tokens prompt lookup proposes per step when a request sets only
+/// `max_ngram_size` (transformers' `prompt_lookup_num_tokens` default).
+pub const DEFAULT_LOOKUP_TOKENS: u32 = 10;
+
+/// Longest n-gram matched unless a request says (transformers'
+/// `max_matching_ngram_size` default).
+pub const DEFAULT_MAX_NGRAM: u32 = 2;
+
+/// A request's prompt-lookup settings: its own, else the model's default.
+fn speculation(
+    model: &ModelRuntime,
+    req: &v1::Request,
+) -> Result<Option<gyre_engine::Speculation>, ServiceError> {
+    use gyre_engine::{MAX_NGRAM, MAX_SPECULATIVE_TOKENS};
+    if let Some(k) = req
+        .num_assistant_tokens
+        .filter(|&k| k > MAX_SPECULATIVE_TOKENS)
+    {
+        return Err(ServiceError::invalid(
+            "num_assistant_tokens",
+            "OUT_OF_RANGE",
+            format!("num_assistant_tokens must be between 0 and {MAX_SPECULATIVE_TOKENS}, got {k}"),
+        ));
+    }
+    if let Some(n) = req.max_ngram_size.filter(|&n| n == 0 || n > MAX_NGRAM) {
+        return Err(ServiceError::invalid(
+            "max_ngram_size",
+            "OUT_OF_RANGE",
+            format!("max_ngram_size must be between 1 and {MAX_NGRAM}, got {n}"),
+        ));
+    }
+    let num_tokens = match (req.num_assistant_tokens, req.max_ngram_size) {
+        (Some(k), _) => k,
+        (None, Some(_)) if model.prompt_lookup_tokens == 0 => DEFAULT_LOOKUP_TOKENS,
+        (None, _) => model.prompt_lookup_tokens,
+    };
+    Ok((num_tokens > 0).then(|| gyre_engine::Speculation {
+        num_tokens,
+        max_ngram: req.max_ngram_size.unwrap_or(DEFAULT_MAX_NGRAM),
+    }))
+}
+
 /// The model a request names; empty means the first one.
 pub fn resolve(
     models: &[Arc<ModelRuntime>],
@@ -469,6 +511,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         }
         (c, _) => c,
     };
+    let speculation = speculation(&model, req)?;
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -481,6 +524,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         priority: req.priority.unwrap_or(0),
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
         constraint,
+        speculation,
     };
     Ok(Prepared {
         model,

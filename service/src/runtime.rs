@@ -32,6 +32,8 @@ pub struct ModelRuntime {
     pub reasoning_choice: ParserChoice,
     /// The reasoning markers of the model's template, when it has any.
     pub reasoning: Option<ReasoningParser>,
+    /// Tokens prompt lookup proposes per step by default (0: off).
+    pub prompt_lookup_tokens: u32,
 }
 
 /// The text of the special tokens that templates refer to.
@@ -52,6 +54,9 @@ pub struct TextOptions {
     pub tool_call_parser: Option<crate::tools::ToolFormat>,
     /// `--reasoning-parser`.
     pub reasoning_parser: ParserChoice,
+    /// `--prompt-lookup-tokens`: prompt-lookup decoding by default, with
+    /// this many tokens proposed per step (0: off unless a request asks).
+    pub prompt_lookup_tokens: u32,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -236,6 +241,7 @@ impl ModelRuntime {
             tool_call_parser: text.tool_call_parser,
             reasoning_choice: text.reasoning_parser,
             reasoning,
+            prompt_lookup_tokens: text.prompt_lookup_tokens,
         })
     }
 

@@ -405,6 +405,8 @@ fn common_to_proto(
         n: common.n,
         cache_salt: common.cache_salt,
         structured,
+        num_assistant_tokens: common.num_assistant_tokens,
+        max_ngram_size: common.max_ngram_size,
     };
     Ok((request, mode))
 }
