@@ -11,6 +11,7 @@ use gyre_api::v1::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::access::Caller;
 use crate::embeddings::{EmbeddingRuntime, Inputs, embed_error};
 use crate::error::ServiceError;
 
@@ -68,11 +69,18 @@ impl EmbeddingsService {
         }
     }
 
-    async fn embed(&self, req: EmbedRequest) -> Result<EmbedResponse, ServiceError> {
+    async fn embed(
+        &self,
+        req: EmbedRequest,
+        caller: Option<Caller>,
+    ) -> Result<EmbedResponse, ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
         let model = self.resolve(&req.model)?;
+        if let Some(c) = &caller {
+            c.check_model(&model.id, std::iter::once(model.id.as_str()))?;
+        }
         let inputs = match req.inputs {
             Some(embed_request::Inputs::Texts(t)) => Inputs::Texts(t.texts),
             Some(embed_request::Inputs::TokenIds(t)) => {
@@ -86,6 +94,17 @@ impl EmbeddingsService {
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let counts: Vec<u32> = ids.iter().map(|i| i.len() as u32).collect();
+        // Embeddings use exactly their input tokens: admitted and settled
+        // at that count.
+        let tokens = counts.iter().map(|&c| u64::from(c)).sum();
+        let _admission = match &caller {
+            Some(c) => {
+                let a = c.admit(tokens)?;
+                a.submitted(tokens);
+                Some(a)
+            }
+            None => None,
+        };
         let vectors = model.engine.embed(ids, dims).await.map_err(embed_error)?;
         let total: u32 = counts.iter().sum();
         Ok(EmbedResponse {
@@ -112,8 +131,9 @@ impl Embeddings for EmbeddingsService {
         &self,
         request: Request<EmbedRequest>,
     ) -> Result<Response<EmbedResponse>, Status> {
+        let caller = Caller::of(&request);
         Ok(Response::new(
-            EmbeddingsService::embed(self, request.into_inner()).await?,
+            EmbeddingsService::embed(self, request.into_inner(), caller).await?,
         ))
     }
 
