@@ -180,6 +180,12 @@ impl KeyStore {
             }),
             Err(r) => {
                 tracing::info!(tenant = %name, limit = r.limit.as_str(), reserve, "rate limited");
+                metrics::counter!(
+                    "gyre:rate_limit_rejections_total",
+                    "tenant" => name.to_string(),
+                    "limit" => r.limit.as_str(),
+                )
+                .increment(1);
                 let message = match r.limit {
                     crate::quota::Limit::TokensPerMinute => format!(
                         "rate limit reached for tokens per minute: this request may use {} tokens (prompt + max_tokens), more than the tenant has left; retry after {}",
@@ -372,3 +378,7 @@ impl tonic::service::Interceptor for Authenticate {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "access_tests.rs"]
+mod tests;
