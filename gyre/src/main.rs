@@ -61,6 +61,36 @@ enum Command {
         #[command(flatten)]
         grpc: GrpcArgs,
     },
+    /// API keys for --keys-file.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Prints the SHA-256 (hex) of a key, as a keys file's `sha256`: of
+    /// KEY, or of the first line of standard input without one (which
+    /// keeps the key out of the shell's history).
+    Hash { key: Option<String> },
+}
+
+/// `gyre keys hash`.
+fn hash_key(key: Option<String>) -> anyhow::Result<()> {
+    let key = match key {
+        Some(k) => k,
+        None => {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    if key.is_empty() {
+        anyhow::bail!("the key is empty");
+    }
+    announce(gyre_service::keys::hash_key(&key));
+    Ok(())
 }
 
 #[derive(Args)]
@@ -184,6 +214,17 @@ struct GrpcArgs {
     /// the scheme in any case; the key is compared in constant time.
     #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A TOML file mapping API keys (as SHA-256 hashes: `gyre keys hash`)
+    /// to tenants with allowed models and quotas (see the README's
+    /// "Operations: tenants and keys"). Reloaded when it changes and on
+    /// SIGHUP; a file that does not parse keeps the previous keys. Instead
+    /// of --api-key.
+    #[arg(long, env = "GYRE_KEYS_FILE", conflicts_with = "api_key")]
+    keys_file: Option<std::path::PathBuf>,
+    /// With --keys-file: leave gRPC health, server reflection and HTTP
+    /// /health open to callers without a key (otherwise they need one).
+    #[arg(long, env = "GYRE_OPEN_ENDPOINTS")]
+    open_endpoints: bool,
     /// Turns the admin service (gyre.v1.Admin: load and unload models) on,
     /// guarded by this key (`authorization: Bearer <key>`). It grants
     /// nothing else, and --api-key does not grant it. Unset: the admin
@@ -499,6 +540,18 @@ async fn run() -> anyhow::Result<()> {
             http,
         } => (model, grpc, Some((http_addr, http))),
         Command::Grpc { model, grpc } => (model, grpc, None),
+        Command::Keys {
+            command: KeysCommand::Hash { key },
+        } => return hash_key(key),
+    };
+    // A bad keys file fails the start, before any model loads.
+    let keys = match &grpc.keys_file {
+        Some(path) => {
+            let store = gyre_service::access::KeyStore::open(path.clone())?;
+            store.spawn_reloader();
+            Some(store)
+        }
+        None => None,
     };
     let limits = grpc.conn.limits();
     let specs = model_specs(&model)?;
@@ -543,6 +596,8 @@ async fn run() -> anyhow::Result<()> {
     })?;
     let server_opts = ServerOptions {
         api_key: grpc.api_key.clone(),
+        keys,
+        open_endpoints: grpc.open_endpoints,
         admin_api_key: grpc.admin_api_key.clone(),
         load_defaults: Some(defaults),
         store: Some(Arc::new(store)),

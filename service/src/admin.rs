@@ -190,6 +190,7 @@ impl Admin for AdminService {
             .map_err(load_failed)?;
         let entry = self.registry.insert(entry).await?;
         tracing::info!(model = %entry.card.id, aliases = ?entry.card.aliases, "model loaded by the admin service");
+        tracing::info!(target: crate::access::AUDIT, model = %entry.card.id, aliases = ?entry.card.aliases, source = %entry.card.source, "model loaded");
         Ok(Response::new(LoadModelResponse {
             model: Some(entry.to_proto()),
         }))
@@ -218,6 +219,7 @@ impl Admin for AdminService {
             .await
             .is_ok();
         tracing::info!(model = %entry.card.id, drained, "model unloaded");
+        tracing::info!(target: crate::access::AUDIT, model = %entry.card.id, drained, "model unloaded");
         Ok(Response::new(UnloadModelResponse {
             id: entry.card.id.clone(),
             drained,

@@ -147,6 +147,9 @@ pub(crate) async fn run(
             }
             Some(Event::Token(t)) => {
                 generated += 1;
+                if let Some(a) = &p.admission {
+                    a.generated();
+                }
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
                     // The stop token's text is never shown; Finished follows.
                     continue;

@@ -11,6 +11,7 @@ use gyre_api::v1::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::access::Caller;
 use crate::embeddings::{Inputs, embed_error};
 use crate::error::ServiceError;
 use crate::grpc::model_metadata;
@@ -27,11 +28,18 @@ impl EmbeddingsService {
         Self { models, draining }
     }
 
-    async fn embed(&self, req: EmbedRequest) -> Result<(EmbedResponse, Arc<Entry>), ServiceError> {
+    async fn embed(
+        &self,
+        req: EmbedRequest,
+        caller: Option<Caller>,
+    ) -> Result<(EmbedResponse, Arc<Entry>), ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
         let (entry, model) = self.models.embedder(&req.model)?;
+        if let Some(c) = &caller {
+            c.check_model(&entry.card.id, entry.names())?;
+        }
         let inputs = match req.inputs {
             Some(embed_request::Inputs::Texts(t)) => Inputs::Texts(t.texts),
             Some(embed_request::Inputs::TokenIds(t)) => {
@@ -45,6 +53,17 @@ impl EmbeddingsService {
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let counts: Vec<u32> = ids.iter().map(|i| i.len() as u32).collect();
+        // Embeddings use exactly their input tokens: admitted and settled
+        // at that count.
+        let tokens = counts.iter().map(|&c| u64::from(c)).sum();
+        let _admission = match &caller {
+            Some(c) => {
+                let a = c.admit(tokens)?;
+                a.submitted(tokens);
+                Some(a)
+            }
+            None => None,
+        };
         let vectors = model.engine.embed(ids, dims).await.map_err(embed_error)?;
         let total: u32 = counts.iter().sum();
         let response = EmbedResponse {
@@ -72,7 +91,8 @@ impl Embeddings for EmbeddingsService {
         &self,
         request: Request<EmbedRequest>,
     ) -> Result<Response<EmbedResponse>, Status> {
-        let (out, entry) = EmbeddingsService::embed(self, request.into_inner()).await?;
+        let caller = Caller::of(&request);
+        let (out, entry) = EmbeddingsService::embed(self, request.into_inner(), caller).await?;
         let mut response = Response::new(out);
         model_metadata(response.metadata_mut(), &entry);
         Ok(response)

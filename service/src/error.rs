@@ -55,6 +55,25 @@ pub enum ServiceError {
     /// RESOURCE_EXHAUSTED.
     #[error("{0}")]
     OutOfMemory(String),
+    /// The caller's tenant may not use this model (the name as the request
+    /// gave it): PERMISSION_DENIED.
+    #[error("this API key may not use the model `{}`", gyre_api::clip(.0))]
+    ModelNotAllowed(String),
+    /// Over one of the tenant's quotas: RESOURCE_EXHAUSTED with RetryInfo
+    /// and the rate-limit headers as metadata.
+    #[error("{}", .0.message)]
+    RateLimited(Box<RateLimited>),
+}
+
+/// A quota refusal.
+#[derive(Debug)]
+pub struct RateLimited {
+    pub message: String,
+    /// Which limit: `requests_per_minute`, `tokens_per_minute`, ...
+    pub limit: &'static str,
+    pub retry_after: std::time::Duration,
+    /// `x-ratelimit-*` headers, sent as response metadata.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl ServiceError {
@@ -108,6 +127,18 @@ impl ServiceError {
                 self.to_string(),
             ),
             Self::OutOfMemory(m) => (Code::ResourceExhausted, "OUT_OF_MEMORY", None, m.clone()),
+            Self::ModelNotAllowed(_) => (
+                Code::PermissionDenied,
+                "MODEL_NOT_ALLOWED",
+                Some("model".into()),
+                self.to_string(),
+            ),
+            Self::RateLimited(r) => (
+                Code::ResourceExhausted,
+                "RATE_LIMIT_EXCEEDED",
+                None,
+                r.message.clone(),
+            ),
             Self::DuplicateRequestId(_) => (
                 Code::AlreadyExists,
                 "DUPLICATE_REQUEST_ID",
@@ -238,10 +269,16 @@ impl From<ServiceError> for Status {
                 bounded(message.clone(), MAX_DESCRIPTION_BYTES),
             );
         }
+        let (retry, headers) = match &e {
+            ServiceError::RateLimited(r) => (r.retry_after, r.headers.as_slice()),
+            _ => (std::time::Duration::from_secs(1), &[][..]),
+        };
         if code == Code::ResourceExhausted {
-            details.set_retry_info(Some(std::time::Duration::from_secs(1)));
+            details.set_retry_info(Some(retry));
         }
-        Status::with_error_details(code, message, details)
+        let mut status = Status::with_error_details(code, message, details);
+        crate::access::put_headers(status.metadata_mut(), headers);
+        status
     }
 }
 

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::Caller;
 use crate::choice::{Choice, run};
 use crate::error::ServiceError;
 use crate::registry::{Entry, Registry};
@@ -36,6 +37,9 @@ pub struct GenerationService {
     /// True once the server drains for shutdown: new requests get
     /// UNAVAILABLE, those already running finish.
     draining: tokio::sync::watch::Receiver<bool>,
+    /// The caller of the request being served (keys file only): checks its
+    /// model and admits it against its quotas.
+    caller: Option<Caller>,
 }
 
 impl GenerationService {
@@ -56,7 +60,33 @@ impl GenerationService {
         models: Arc<Registry>,
         draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self { models, draining }
+        Self {
+            models,
+            draining,
+            caller: None,
+        }
+    }
+
+    /// The service as it serves `req`'s caller (see [`Caller`]).
+    pub fn for_request<T>(&self, req: &Request<T>) -> Self {
+        Self {
+            caller: Caller::of(req),
+            ..self.clone()
+        }
+    }
+
+    /// PERMISSION_DENIED unless the caller may use `entry` (named `asked`).
+    pub(crate) fn check_allowed(&self, asked: &str, entry: &Entry) -> Result<(), ServiceError> {
+        let asked = if asked.is_empty() {
+            entry.card.id.as_str()
+        } else {
+            asked
+        };
+        match &self.caller {
+            Some(c) => c.check_model(asked, entry.names()),
+            None => Ok(()),
+        }
+    }
     }
 
     /// Validates and submits a request; one event receiver per choice.
@@ -76,14 +106,25 @@ impl GenerationService {
             return Err(ServiceError::Draining);
         }
         let entry = self.models.resolve_kind(&req.model, "generate")?;
+        self.check_allowed(&req.model, &entry)?;
         let model = entry.generative_runtime()?.clone();
-        let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
+        let mut prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        if let Some(caller) = &self.caller {
+            // The most the request may use: its prompt and every choice's
+            // max_tokens.
+            let prompt = prepared.engine_req.prompt.len() as u64;
+            let most = u64::from(prepared.engine_req.max_tokens) * u64::from(prepared.n.max(1));
+            prepared.admission = Some(caller.admit(prompt + most)?);
+        }
         let rxs = prepared
             .model
             .engine
             .submit_n(prepared.engine_req.clone(), prepared.n)?;
+        if let Some(a) = &prepared.admission {
+            a.submitted(prepared.engine_req.prompt.len() as u64);
+        }
         Ok((Arc::new(prepared), rxs, entry))
     }
 
@@ -205,7 +246,7 @@ impl Generation for GenerationService {
         // The call's deadline bounds every request on the stream.
         let deadline = deadline_of(request.metadata());
         Ok(Response::new(crate::multiplex::serve(
-            self.clone(),
+            self.for_request(&request),
             request.into_inner(),
             deadline,
         )))
@@ -216,12 +257,14 @@ impl Generation for GenerationService {
         request: Request<v1::Request>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
         let deadline = deadline_of(request.metadata());
+        let svc = self.for_request(&request);
         let mut req = request.into_inner();
         if req.request_id.is_empty() {
             req.request_id = format!("req-{:016x}", rand_id());
         }
         let id = req.request_id.clone();
-        let (p, choices, entry) = self.prepare_entry(req).await?;
+        let (p, choices, entry) = svc.prepare_entry(req).await?;
+        let limits = p.admission.as_ref().map(|a| a.headers());
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
         GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single, deadline);
@@ -231,6 +274,9 @@ impl Generation for GenerationService {
         tokio::spawn(async move { cancel_tx.closed().await });
         let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as EventStream);
         model_metadata(response.metadata_mut(), &entry);
+        if let Some(h) = limits {
+            crate::access::put_headers(response.metadata_mut(), &h);
+        }
         Ok(response)
     }
 
@@ -238,8 +284,10 @@ impl Generation for GenerationService {
         &self,
         request: Request<TokenizeRequest>,
     ) -> Result<Response<TokenizeResponse>, Status> {
+        let svc = self.for_request(&request);
         let req = request.into_inner();
         let entry = self.models.resolve_kind(&req.model, "generate")?;
+        svc.check_allowed(&req.model, &entry)?;
         let model = entry.generative_runtime()?.clone();
         let resp =
             tokio::task::spawn_blocking(move || -> Result<TokenizeResponse, ServiceError> {
@@ -278,8 +326,10 @@ impl Generation for GenerationService {
         &self,
         request: Request<DetokenizeRequest>,
     ) -> Result<Response<DetokenizeResponse>, Status> {
+        let svc = self.for_request(&request);
         let req = request.into_inner();
         let entry = self.models.resolve_kind(&req.model, "generate")?;
+        svc.check_allowed(&req.model, &entry)?;
         let text = entry
             .generative_runtime()?
             .decode(&req.token_ids, req.skip_special_tokens.unwrap_or(true))?;

@@ -6,6 +6,7 @@
 //! exactly one place (`error`). The Responses API (`responses`) is a third
 //! output format over the same generation, with its own store.
 
+pub mod access;
 pub mod admin;
 pub mod chat;
 mod choice;
@@ -16,8 +17,10 @@ pub mod embeddings_grpc;
 pub mod error;
 pub mod grpc;
 pub mod holdback;
+pub mod keys;
 pub mod multiplex;
 pub mod pipeline;
+pub mod quota;
 pub mod reasoning;
 pub mod registry;
 pub mod request;

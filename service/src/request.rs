@@ -32,6 +32,9 @@ pub struct Prepared {
     pub tool_format: Option<ToolFormat>,
     /// How to split reasoning from the answer, when this request's is parsed.
     pub reasoning: Option<Reasoning>,
+    /// The request's admission against its tenant's quotas (keys file
+    /// only); settles when the last choice lets go of the request.
+    pub admission: Option<crate::access::Admission>,
 }
 
 /// What a request's tools ask for.
@@ -537,5 +540,6 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         tool_format,
         echo,
         reasoning,
+        admission: None,
     })
 }

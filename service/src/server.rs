@@ -15,9 +15,9 @@ use gyre_api::v1::responses_server::ResponsesServer;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
-use tonic::{Request, Status};
 use tower::Layer as _;
 
+use crate::access::{Auth, Authenticate, KeyStore};
 use crate::admin::{AdminKeyCheck, AdminService};
 use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
@@ -26,49 +26,21 @@ use crate::registry::{Entry, Registry};
 use crate::responses::{ResponsesService, Store, StoreConfig};
 use crate::runtime::ModelRuntime;
 
-/// Checks `authorization: Bearer <key>` when a key is configured: the
-/// scheme in any case, the key compared in constant time (the same check as
-/// the HTTP API's, `gyre_api::auth`).
-#[derive(Clone)]
-pub struct ApiKeyCheck {
-    expected: Option<Arc<str>>,
-}
-
-impl ApiKeyCheck {
-    pub fn new(key: Option<String>) -> Self {
-        Self {
-            expected: key.map(Arc::from),
-        }
-    }
-}
-
-impl tonic::service::Interceptor for ApiKeyCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(req);
-        };
-        match req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(got) if gyre_api::auth::bearer_matches(got, expected) => Ok(req),
-            Some(_) => Err(Status::unauthenticated("invalid API key")),
-            None => Err(Status::unauthenticated(
-                "missing API key: send metadata `authorization: Bearer <key>`",
-            )),
-        }
-    }
-}
-
 /// Every gRPC route, as one HTTP service (HTTP/2, and HTTP/1 for gRPC-Web).
 pub type GrpcService = tonic_web::GrpcWebService<Routes>;
 
 /// What the gRPC routes need besides the models.
 #[derive(Default)]
 pub struct ServerOptions {
-    /// `--api-key`: guards gyre.v1.Generation.
+    /// `--api-key`: guards gyre.v1.Generation, Responses and Embeddings
+    /// (one key, no tenants).
     pub api_key: Option<String>,
+    /// `--keys-file`: keys mapped to tenants with quotas (instead of
+    /// `api_key`).
+    pub keys: Option<Arc<KeyStore>>,
+    /// `--open-endpoints`: health and reflection take no key even with a
+    /// keys file (with `api_key` alone they never do).
+    pub open_endpoints: bool,
     /// `--admin-api-key`: guards gyre.v1.Admin; None: the admin service is
     /// off (UNIMPLEMENTED).
     pub admin_api_key: Option<String>,
@@ -162,31 +134,50 @@ pub async fn grpc_service_for(
         Some(store) => store,
         None => Arc::new(Store::open(StoreConfig::default())?),
     };
+    let auth = match (&opts.keys, &opts.api_key) {
+        (Some(store), _) => Auth::Keys(store.clone()),
+        (None, Some(key)) => Auth::Key(Arc::from(key.as_str())),
+        (None, None) => Auth::Open,
+    };
+    // Probes and reflection: behind the keys file's keys unless left open.
+    let probe_auth = match &auth {
+        Auth::Keys(_) if !opts.open_endpoints => auth.clone(),
+        _ => Auth::Open,
+    };
     let embeddings = InterceptedService::new(
         EmbeddingsServer::new(EmbeddingsService::new(registry.clone(), draining.clone())),
-        ApiKeyCheck::new(opts.api_key.clone()),
+        Authenticate::new(auth.clone()),
     );
     let gen_service = GenerationService::with_registry(registry.clone(), draining.clone());
     let responses = InterceptedService::new(
         ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
-        ApiKeyCheck::new(opts.api_key.clone()),
+        Authenticate::new(auth.clone()),
     );
     let generation = InterceptedService::new(
         GenerationServer::new(gen_service),
-        ApiKeyCheck::new(opts.api_key.clone()),
+        Authenticate::new(auth.clone()),
     );
     let admin = InterceptedService::new(
         AdminServer::new(AdminService::new(registry, opts.load_defaults, draining)),
         AdminKeyCheck::new(opts.admin_api_key, opts.api_key),
     );
-    let routes = Routes::new(health_svc)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(generation)
-        .add_service(responses)
-        .add_service(embeddings)
-        .add_service(admin)
-        .prepare();
+    let routes = Routes::new(InterceptedService::new(
+        health_svc,
+        Authenticate::new(probe_auth.clone()),
+    ))
+    .add_service(InterceptedService::new(
+        reflection_v1,
+        Authenticate::new(probe_auth.clone()),
+    ))
+    .add_service(InterceptedService::new(
+        reflection_v1alpha,
+        Authenticate::new(probe_auth),
+    ))
+    .add_service(generation)
+    .add_service(responses)
+    .add_service(embeddings)
+    .add_service(admin)
+    .prepare();
     // HTTP/1 is accepted too, for gRPC-Web.
     Ok(tonic_web::GrpcWebLayer::new().layer(routes))
 }

@@ -44,7 +44,14 @@ pub struct ApiError {
     code: Option<String>,
     /// Seconds for the `Retry-After` header.
     retry_after: Option<u64>,
+    /// Headers the service sent with the status (the `x-ratelimit-*` ones;
+    /// boxed: most errors have none, and errors stay small).
+    headers: Option<Box<Headers>>,
 }
+
+/// Headers an error carries besides `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Headers(Vec<(http::HeaderName, http::HeaderValue)>);
 
 pub(crate) const INVALID_REQUEST: &str = "invalid_request_error";
 const SERVER_ERROR: &str = "server_error";
@@ -58,6 +65,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            headers: None,
         }
     }
 
@@ -213,7 +221,10 @@ impl ApiError {
         } else {
             status.code()
         };
-        map_code(code, status.message(), field, reason, retry, api)
+        let mut err = map_code(code, status.message(), field, reason, retry, api);
+        let headers = crate::notice::rate_limit_headers(status.metadata());
+        err.headers = (!headers.is_empty()).then(|| Box::new(Headers(headers)));
+        err
     }
 
     /// Maps the error of a request that finished with reason ERROR.
@@ -433,6 +444,9 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        for (name, value) in self.headers.into_iter().flat_map(|h| h.0) {
+            response.headers_mut().insert(name, value);
         }
         response
     }

@@ -3,7 +3,8 @@
 //! the request used: responses name it, as OpenAI names the pinned version
 //! behind an alias) and, for a deprecated model, `deprecation` (RFC 9745)
 //! and `sunset` (RFC 8594). [`ModelNotice::apply`] is the layer that puts
-//! the last two on the HTTP response, as `Deprecation` and `Sunset`.
+//! the last two on the HTTP response, as `Deprecation` and `Sunset`, with
+//! the tenant's rate-limit headers (`x-ratelimit-*`, keys file only).
 
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
@@ -12,12 +13,42 @@ use tonic::metadata::MetadataMap;
 /// Metadata keys passed on as HTTP headers.
 const PASSED: [&str; 2] = ["deprecation", "sunset"];
 
+/// The rate-limit headers (OpenAI's names) a service's call may carry, on
+/// success and with a RESOURCE_EXHAUSTED status alike.
+pub const RATE_LIMIT: [&str; 6] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+];
+
+/// The `x-ratelimit-*` entries of `meta`, as HTTP headers.
+pub fn rate_limit_headers(meta: &MetadataMap) -> Vec<(HeaderName, HeaderValue)> {
+    passed(meta, &RATE_LIMIT)
+}
+
+fn passed(meta: &MetadataMap, names: &[&'static str]) -> Vec<(HeaderName, HeaderValue)> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let value = meta.get(*name)?.to_str().ok()?;
+            Some((
+                HeaderName::from_static(name),
+                HeaderValue::from_str(value).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// The model notice of one call.
 #[derive(Debug, Clone, Default)]
 pub struct ModelNotice {
     /// The id of the model that served the call.
     pub model: Option<String>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    limits: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl ModelNotice {
@@ -28,17 +59,11 @@ impl ModelNotice {
             .and_then(|v| v.to_str().ok())
             .filter(|s| !s.is_empty())
             .map(str::to_owned);
-        let headers = PASSED
-            .iter()
-            .filter_map(|name| {
-                let value = meta.get(*name)?.to_str().ok()?;
-                Some((
-                    HeaderName::from_static(name),
-                    HeaderValue::from_str(value).ok()?,
-                ))
-            })
-            .collect();
-        Self { model, headers }
+        Self {
+            model,
+            headers: passed(meta, &PASSED),
+            limits: rate_limit_headers(meta),
+        }
     }
 
     /// Whether the model is deprecated (the call carried a notice).
@@ -46,9 +71,10 @@ impl ModelNotice {
         !self.headers.is_empty()
     }
 
-    /// Adds the `Deprecation` and `Sunset` headers to `response`.
+    /// Adds the `Deprecation`, `Sunset` and rate-limit headers to
+    /// `response`.
     pub fn apply(&self, mut response: Response) -> Response {
-        for (name, value) in &self.headers {
+        for (name, value) in self.headers.iter().chain(&self.limits) {
             response.headers_mut().insert(name.clone(), value.clone());
         }
         response

@@ -145,8 +145,9 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CreateResponseRequest>,
     ) -> Result<Response<Self::CreateStream>, Status> {
+        let generation = self.generation.for_request(&request);
         let r = request.into_inner();
-        let live = run::start(&self.generation, &self.store, &self.registry, r).await?;
+        let live = run::start(&generation, &self.store, &self.registry, r).await?;
         let cancel_on_drop = !live.background;
         let rx = live.subscribe(None, cancel_on_drop);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -117,14 +117,26 @@ pub async fn detokenize(
 /// `GET /health`: 200 when the gRPC service reports SERVING
 /// (grpc.health.v1, overall status), 503 while it is unreachable, still
 /// loading, or draining for shutdown.
-pub async fn health(State(state): State<AppState>) -> Result<StatusCode, ApiError> {
+pub async fn health(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
     let mut client = state.health.clone();
-    let mut request = tonic::Request::new(HealthCheckRequest {
-        service: String::new(),
-    });
+    // The client's key goes along: a service with a keys file may keep its
+    // health check behind it (`--open-endpoints` leaves it open).
+    let mut request = crate::upstream::grpc_request(
+        &state,
+        &headers,
+        HealthCheckRequest {
+            service: String::new(),
+        },
+    );
     request.set_timeout(std::time::Duration::from_secs(5));
     let reason = match client.check(request).await {
         Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => return Ok(StatusCode::OK),
+        Err(status) if status.code() == tonic::Code::Unauthenticated => {
+            return Err(ApiError::from_status(&status, Api::Models));
+        }
         Ok(r) => format!(
             "status {:?}",
             ServingStatus::try_from(r.get_ref().status).unwrap_or_default()
