@@ -17,6 +17,7 @@ pub mod error;
 pub mod grpc;
 pub mod holdback;
 pub mod multiplex;
+pub mod observe;
 pub mod pipeline;
 pub mod reasoning;
 pub mod registry;
