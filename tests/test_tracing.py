@@ -143,3 +143,39 @@ def test_a_refused_request_is_traced_with_its_error(traced):
     assert service.parent_span_id == by_name(spans, "POST /v1/chat/completions").span_id
     assert service.attrs["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert not ENGINE_SPANS & {s.name for s in spans}
+
+
+def test_a_standalone_shim_and_service_join_one_trace_from_the_environment():
+    """`gyre grpc` and `gyre-shim` as two processes, each told the collector
+    by `OTEL_EXPORTER_OTLP_ENDPOINT` alone; a streamed request."""
+    receiver = Receiver()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    service = harness.Server.start(
+        [str(harness.GYRE_BIN), "grpc", "--model", str(harness.model_dir(QWEN)), "--grpc-addr", "127.0.0.1:0"],
+        want=("gRPC",), env=env)
+    shim = None
+    try:
+        shim = harness.Server.start(
+            [str(harness.SHIM_BIN), "--grpc-endpoint", f"http://{service.grpc}", "--http-addr", "127.0.0.1:0"],
+            want=("HTTP",), env=env)
+        trace_id, caller_span, traceparent = caller_context()
+        body = {"model": QWEN, "messages": [{"role": "user", "content": "Stream"}], "max_tokens": 4,
+                "stream": True, "stream_options": {"include_usage": True}}
+        reply = harness.http_sse(shim.http, "/v1/chat/completions", body, headers={"traceparent": traceparent})
+        assert reply.status == 200 and reply.done
+        usage = reply.chunks()[-1]["usage"]
+        service_name = f"chat {QWEN}"
+        spans = receiver.wait_for(trace_id, {"POST /v1/chat/completions", service_name, *ENGINE_SPANS})
+        http_span = by_name(spans, "POST /v1/chat/completions")
+        grpc_span = by_name(spans, service_name)
+        assert http_span.parent_span_id == caller_span
+        assert grpc_span.parent_span_id == http_span.span_id
+        assert grpc_span.attrs["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+        assert grpc_span.attrs["gyre.request_id"] == http_span.attrs["gyre.request_id"] \
+            == reply.headers["x-request-id"]
+        check_engine_spans(spans, grpc_span)
+    finally:
+        if shim is not None:
+            shim.stop()
+        service.stop()
+        receiver.close()
