@@ -50,7 +50,7 @@ def test_one_json_line_per_request_without_prompts(start_server):
     assert isinstance(f["latency_ms"], float) and f["latency_ms"] > 0
     http = log_line(server, "gyre::http", "log-plain")["fields"]
     assert (http["method"], http["route"], http["status"]) == ("POST", "/v1/chat/completions", 200)
-    assert http["completed"] is True and http["latency_ms"] >= f["latency_ms"]
+    assert http["completed"] is True and isinstance(http["latency_ms"], float) and http["latency_ms"] > 0
     # Neither the prompt nor the output is anywhere in the log.
     log = server.stderr()
     assert SECRET not in log
