@@ -276,9 +276,12 @@ pub struct Usage {
 #[derive(Debug)]
 pub enum Event {
     /// The prompt is in the KV cache; `cached_tokens` of it came from the
-    /// prefix cache. Sent once, before the first token.
+    /// prefix cache. Sent once, before the first token. `started`: when
+    /// the engine first scheduled the sequence (its prefill began; the time
+    /// before it was queue wait).
     Prefilled {
         cached_tokens: u32,
+        started: std::time::Instant,
     },
     /// Log-probabilities of the token that follows (when requested).
     Logprobs(TokenLogprobs),

@@ -23,6 +23,8 @@ pub(crate) struct Gen {
     pub prompt_lp_done: usize,
     /// Not started yet: counted as waiting by admission.
     pub queued: bool,
+    /// When the sequence was first scheduled (set by the worker's step).
+    pub started: Option<std::time::Instant>,
 }
 
 /// Rows of prompt positions converted to logits at once (bounds the memory
@@ -79,7 +81,11 @@ pub(crate) fn take_token(
 ) -> Option<Option<FinishReason>> {
     if g.generated == 0 {
         let cached_tokens = s.cached_tokens as u32;
-        let _ = g.events.send(Event::Prefilled { cached_tokens });
+        let started = g.started.unwrap_or_else(std::time::Instant::now);
+        let _ = g.events.send(Event::Prefilled {
+            cached_tokens,
+            started,
+        });
     }
     g.generated += 1;
     stats.generated_tokens_total += 1;

@@ -199,6 +199,13 @@ impl Worker {
                 continue;
             }
             let step_tokens: usize = plan.runs.iter().map(|r| r.1).sum();
+            // Sequences scheduled for the first time start their prefill now.
+            let now = std::time::Instant::now();
+            for s in &self.running {
+                if let Some(g) = self.gens.get_mut(&s.id).filter(|g| g.queued) {
+                    g.started.get_or_insert(now);
+                }
+            }
             if let Err(e) = self.execute(&plan.copies, &plan.runs) {
                 tracing::error!(error = %e, "engine step failed");
                 for mut s in std::mem::take(&mut self.running) {
@@ -247,6 +254,7 @@ impl Worker {
                         forks,
                         prompt_lp_done: 0,
                         queued: true,
+                        started: None,
                     },
                 );
             }
@@ -475,6 +483,7 @@ impl Worker {
                     forks: Vec::new(),
                     prompt_lp_done: g.prompt_lp_done,
                     queued: false,
+                    started: g.started,
                 };
                 let tok = match sample_next(&mut cg, row) {
                     Ok(t) => t,

@@ -57,7 +57,7 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
     let mut cached = 0;
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Prefilled { cached_tokens } => cached = cached_tokens,
+            Event::Prefilled { cached_tokens, .. } => cached = cached_tokens,
             Event::Logprobs(_) | Event::PromptLogprobs(_) => {}
             Event::Token(t) => tokens.push(t),
             Event::Finished { reason, usage } => {

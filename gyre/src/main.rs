@@ -38,6 +38,15 @@ struct Cli {
         default_value_t
     )]
     log_format: LogFormat,
+    /// Export traces over OTLP/gRPC to this collector (e.g.
+    /// `http://127.0.0.1:4317`); also read from OTEL_EXPORTER_OTLP_ENDPOINT.
+    /// Unset: no spans are made.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// Put each request's prompt and output text in its `gyre::request`
+    /// log line (off: they are never logged).
+    #[arg(long, global = true, env = "GYRE_LOG_PROMPTS")]
+    log_prompts: bool,
 }
 
 #[derive(Subcommand)]
@@ -512,6 +521,11 @@ fn passive_openmp() {
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     gyre_shim::logging::init(cli.log_format);
+    let telemetry = gyre_shim::telemetry::init(cli.otlp_endpoint.as_deref())?;
+    gyre_service::observe::configure(gyre_service::observe::Config {
+        trace: telemetry.is_some(),
+        log_prompts: cli.log_prompts,
+    });
     // The first signal starts draining, the second (or the drain's end)
     // stops the servers.
     let (drain_tx, drain_rx) = watch::channel(false);
@@ -636,6 +650,9 @@ async fn run() -> anyhow::Result<()> {
     grpc_task.await?;
     if let Some(t) = http_task {
         t.await??;
+    }
+    if let Some(t) = telemetry {
+        tokio::task::spawn_blocking(move || t.shutdown()).await?;
     }
     Ok(())
 }

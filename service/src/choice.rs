@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::error::ServiceError;
 use crate::grpc::{Mode, Out, Tag, event, fail};
+use crate::observe::ChoiceRecorder;
 use crate::pipeline::{Config, Output, Pipeline};
 use crate::request::Prepared;
 
@@ -61,6 +62,7 @@ pub(crate) async fn run(
     deadline: Option<Instant>,
 ) {
     let id = &tag.id;
+    let mut rec = ChoiceRecorder::new(tag.obs.clone(), tag.index);
     let expired = async move {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,
@@ -98,6 +100,7 @@ pub(crate) async fn run(
         let ev = tokio::select! {
             biased;
             _ = cancelled(&mut cancel) => {
+                rec.finished(FinishReason::Cancelled, generated);
                 let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
@@ -105,12 +108,14 @@ pub(crate) async fn run(
             // The call's deadline (grpc-timeout) passed: end it, which also
             // cancels the sequence in the engine.
             _ = &mut expired => {
+                rec.failed(tonic::Code::DeadlineExceeded, generated);
                 fail(&tag, &out, mode, ServiceError::DeadlineExceeded(generated)).await;
                 return;
             }
             // The client went away: returning drops `events`, which cancels
             // the sequence in the engine.
             _ = out.closed() => {
+                rec.failed(tonic::Code::Cancelled, generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }
@@ -118,7 +123,11 @@ pub(crate) async fn run(
         };
         // The messages this event gives; `true`: the choice ends with them.
         let (msgs, last) = match ev {
-            Some(Event::Prefilled { cached_tokens }) => {
+            Some(Event::Prefilled {
+                cached_tokens,
+                started,
+            }) => {
+                rec.prefilled(started);
                 cached = cached_tokens;
                 let Some(text) = p.echo.clone() else {
                     continue;
@@ -150,31 +159,36 @@ pub(crate) async fn run(
                 if let Some(a) = &p.admission {
                     a.generated();
                 }
+                rec.token();
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
                     // The stop token's text is never shown; Finished follows.
                     continue;
                 }
-                let o = match pipe.push_token(&tok, t) {
+                let o = match rec.detokenize(|| pipe.push_token(&tok, t)) {
                     Ok(o) => o,
                     Err(e) => {
+                        rec.failed(tonic::Code::Internal, generated);
                         let e = ServiceError::Internal(format!("detokenize: {e}"));
                         fail(&tag, &out, mode, e).await;
                         return;
                     }
                 };
                 let stop = o.stop.clone();
+                rec.text(&o.text);
                 let d = delta(o, vec![t], pending_logprobs.take());
                 match stop {
                     None => (vec![d], false),
                     Some(s) => {
                         let reason = pipe.stop_reason();
+                        rec.finished(reason, generated);
                         let f = finish(&pipe, reason, generated, cached, Some(s), None);
                         (vec![d, f], true)
                     }
                 }
             }
             Some(Event::Finished { reason, usage: u }) => {
-                let o = pipe.finish(&tok);
+                let o = rec.detokenize(|| pipe.finish(&tok));
+                rec.text(&o.text);
                 let (matched, stop_id) = match (&o.stop, reason) {
                     (Some(s), _) => (Some(s.clone()), None),
                     (None, EngineFinish::Stop(t)) => (None, Some(t)),
@@ -184,6 +198,7 @@ pub(crate) async fn run(
                     (None, EngineFinish::Length) => FinishReason::Length,
                     _ => pipe.stop_reason(),
                 };
+                rec.finished(why, u.completion_tokens);
                 let f = finish(
                     &pipe,
                     why,
@@ -202,10 +217,13 @@ pub(crate) async fn run(
                 (msgs, true)
             }
             Some(Event::Failed(e)) => {
-                fail(&tag, &out, mode, ServiceError::Engine(e)).await;
+                let e = ServiceError::Engine(e);
+                rec.failed(e.parts().0, generated);
+                fail(&tag, &out, mode, e).await;
                 return;
             }
             None => {
+                rec.failed(tonic::Code::Internal, generated);
                 let e = ServiceError::Internal("engine dropped the request".into());
                 fail(&tag, &out, mode, e).await;
                 return;
@@ -213,6 +231,7 @@ pub(crate) async fn run(
         };
         for m in msgs {
             if out.send(Ok(event(&tag, m))).await.is_err() {
+                rec.failed(tonic::Code::Cancelled, generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }

@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::access::Caller;
 use crate::choice::{Choice, run};
 use crate::error::ServiceError;
+use crate::observe::RequestObs;
 use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
@@ -128,7 +129,9 @@ impl GenerationService {
         Ok((Arc::new(prepared), rxs, entry))
     }
 
-    /// Runs every choice of a prepared request in its own task.
+    /// Runs every choice of a prepared request in its own task (each
+    /// reporting to `obs` when given).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn spawn_choices(
         id: &str,
         p: Arc<Prepared>,
@@ -137,11 +140,13 @@ impl GenerationService {
         cancel: &watch::Receiver<bool>,
         mode: Mode,
         deadline: Option<Instant>,
+        obs: Option<Arc<RequestObs>>,
     ) {
         for (index, events) in choices.into_iter().enumerate() {
             let tag = Tag {
                 id: id.to_string(),
                 index: index as u32,
+                obs: obs.clone(),
             };
             tokio::spawn(run(
                 tag,
@@ -160,6 +165,8 @@ impl GenerationService {
 pub(crate) struct Tag {
     pub(crate) id: String,
     pub(crate) index: u32,
+    /// The call's record (single-request calls).
+    pub(crate) obs: Option<Arc<RequestObs>>,
 }
 
 pub(crate) fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
@@ -258,16 +265,37 @@ impl Generation for GenerationService {
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
         let deadline = deadline_of(request.metadata());
         let svc = self.for_request(&request);
+        let obs = RequestObs::start(&request, "gyre.v1.Generation/GenerateStream");
+        let request_id = obs.id.clone();
         let mut req = request.into_inner();
         if req.request_id.is_empty() {
             req.request_id = format!("req-{:016x}", rand_id());
         }
+        obs.request(&req);
         let id = req.request_id.clone();
-        let (p, choices, entry) = svc.prepare_entry(req).await?;
+        let (p, choices, entry) = match svc.prepare_entry(req).await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                let mut status = Status::from(e);
+                obs.failed(&status);
+                request_id_metadata(status.metadata_mut(), &request_id);
+                return Err(status);
+            }
+        };
+        obs.prepared(&entry.card.id, &p);
         let limits = p.admission.as_ref().map(|a| a.headers());
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
-        GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single, deadline);
+        GenerationService::spawn_choices(
+            &id,
+            p,
+            choices,
+            &out,
+            &cancel_rx,
+            Mode::Single,
+            deadline,
+            Some(Arc::new(obs)),
+        );
         // Nothing cancels a single-request stream but the client leaving
         // (noticed by each choice through its output channel); keep the
         // switch alive until every choice is done.
@@ -277,6 +305,7 @@ impl Generation for GenerationService {
         if let Some(h) = limits {
             crate::access::put_headers(response.metadata_mut(), &h);
         }
+        request_id_metadata(response.metadata_mut(), &request_id);
         Ok(response)
     }
 
@@ -385,6 +414,13 @@ pub(crate) fn model_metadata(meta: &mut tonic::metadata::MetadataMap, entry: &En
         if let Ok(v) = MetadataValue::try_from(value.as_str()) {
             meta.insert(name, v);
         }
+    }
+}
+
+/// The call's request id, returned as `x-request-id` metadata.
+fn request_id_metadata(meta: &mut tonic::metadata::MetadataMap, id: &str) {
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(id) {
+        meta.insert(crate::observe::REQUEST_ID, v);
     }
 }
 

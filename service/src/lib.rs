@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod holdback;
 pub mod keys;
 pub mod multiplex;
+pub mod observe;
 pub mod pipeline;
 pub mod quota;
 pub mod reasoning;

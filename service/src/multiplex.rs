@@ -98,6 +98,7 @@ async fn start(
     deadline: Option<Instant>,
 ) {
     let tag = Tag {
+        obs: None,
         id: req.request_id.clone(),
         index: 0,
     };
@@ -138,6 +139,7 @@ async fn start(
                     &cancel,
                     Mode::Multiplexed,
                     deadline,
+                    None,
                 )
             }
             Err(e) => fail(&tag, &out, Mode::Multiplexed, e).await,

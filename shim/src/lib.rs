@@ -10,7 +10,8 @@
 //! parsing with precise `param`s), [`limits`] (the edge's nesting and size
 //! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
-//! configured), [`conn`] (accepting and limiting connections, for this port
+//! configured), [`observe`] and [`telemetry`] (request ids, spans, access
+//! log lines), [`conn`] (accepting and limiting connections, for this port
 //! and the service's). The Responses API has its own JSON mapping
 //! (`openai::responses_*`) and event stream ([`responses_upstream`]).
 #![forbid(unsafe_code)]
@@ -24,12 +25,14 @@ pub mod guarded;
 pub mod limits;
 pub mod logging;
 pub mod notice;
+pub mod observe;
 pub mod openai;
 pub mod pool;
 pub mod responses_upstream;
 pub mod routes;
 pub mod sse;
 pub mod structured;
+pub mod telemetry;
 pub mod upstream;
 
 use std::future::Future;
@@ -171,6 +174,7 @@ pub fn router(state: AppState) -> Router {
     let router = responses_routes(router)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(middleware::from_fn(observe::route))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
     // Outside authentication: a browser's preflight carries no key.
@@ -232,6 +236,9 @@ pub async fn serve(
             conn::body::body_deadline,
         ));
     }
+    // Outermost: every response, a 408 from the body deadline included,
+    // carries the request id (see `observe`).
+    let app = app.layer(middleware::from_fn(observe::layer));
     conn::serve(listener, app, limits, shutdown).await;
     Ok(())
 }

@@ -57,12 +57,19 @@ struct Args {
 
     #[command(flatten)]
     conn: gyre_shim::conn::ConnArgs,
+
+    /// Export traces over OTLP/gRPC to this collector (e.g.
+    /// `http://127.0.0.1:4317`); also read from OTEL_EXPORTER_OTLP_ENDPOINT.
+    /// Unset: no spans are made.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     gyre_shim::logging::init(args.log_format);
+    let telemetry = gyre_shim::telemetry::init(args.otlp_endpoint.as_deref())?;
     let config = ShimConfig {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
@@ -82,6 +89,9 @@ async fn main() -> anyhow::Result<()> {
         stdout.flush()?;
     }
     gyre_shim::serve(listener, state, args.conn.limits(), shutdown_signal()).await?;
+    if let Some(t) = telemetry {
+        tokio::task::spawn_blocking(move || t.shutdown()).await?;
+    }
     tracing::info!("shut down");
     Ok(())
 }

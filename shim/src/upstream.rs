@@ -16,11 +16,13 @@ use crate::AppState;
 use crate::error::{Api, ApiError};
 use crate::openai::response::Usage;
 
-/// HTTP headers passed on to the service as gRPC metadata (W3C trace context).
-const FORWARDED_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+/// HTTP headers passed on to the service as gRPC metadata: W3C trace
+/// context and the request id (both set by [`crate::observe::layer`]).
+const FORWARDED_HEADERS: [&str; 3] = ["traceparent", "tracestate", crate::observe::REQUEST_ID];
 
 /// Wraps `message` as a gRPC request: deadline, `authorization` (the
-/// configured key, or else the HTTP client's own header) and trace context.
+/// configured key, or else the HTTP client's own header), trace context and
+/// request id.
 pub fn grpc_request<T>(state: &AppState, headers: &HeaderMap, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     if let Some(timeout) = state.request_timeout {

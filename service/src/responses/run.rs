@@ -214,7 +214,7 @@ pub async fn start(
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     let cancel = live.cancel.subscribe();
     let choice = choices.pop().into_iter().collect();
-    GenerationService::spawn_choices(&id, p, choice, &out, &cancel, Mode::Single, None);
+    GenerationService::spawn_choices(&id, p, choice, &out, &cancel, Mode::Single, None, None);
     drop(out);
     let conversation = match (&r.conversation, stored) {
         (Some(c), true) => Some((c.clone(), resolved.input)),
