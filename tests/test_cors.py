@@ -13,6 +13,7 @@ import pytest
 import harness
 import openai_schema
 from conftest import QWEN
+from conn_util import connect, read_response
 
 ALLOWED = "https://app.example"
 REFUSED = "https://evil.example"
@@ -87,6 +88,20 @@ def test_errors_carry_cors_headers(server):
         assert reply.headers.get("access-control-allow-origin") == ALLOWED, (status, reply.headers)
     refused = post(server.http, REFUSED, BODY)
     assert _error(refused, 401) and "access-control-allow-origin" not in refused.headers
+
+
+def test_the_body_timeout_408_carries_cors_headers(start_server):
+    server = start_server(QWEN, "--cors-origin", ALLOWED, "--body-timeout", "1")
+    sock = connect(server.http)
+    try:
+        sock.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"Origin: {ALLOWED}\r\nContent-Length: 100\r\n\r\n{{").encode())
+        status, headers, body = read_response(sock)  # the socket's timeout bounds the wait
+    finally:
+        sock.close()
+    assert status == 408, body
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert headers.get("access-control-allow-origin") == ALLOWED, headers
 
 
 def test_standalone_shim_takes_cors_origin(qwen):

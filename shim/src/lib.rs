@@ -171,7 +171,8 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     })
 }
 
-/// The OpenAI-compatible HTTP API.
+/// The OpenAI-compatible HTTP API, with the request-body timeout (see
+/// [`conn::body`]) when configured.
 pub fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::create))
@@ -198,7 +199,15 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
-    // Outside authentication: a browser's preflight carries no key.
+    let router = match state.body_timeout {
+        Some(timeout) => router.layer(middleware::from_fn_with_state(
+            timeout,
+            conn::body::body_deadline,
+        )),
+        None => router,
+    };
+    // Outside authentication (a browser's preflight carries no key) and
+    // every error, the body timeout's 408 included.
     let router = match state.cors.clone() {
         Some(cors) => router.layer(cors),
         None => router,
@@ -241,7 +250,7 @@ fn responses_routes(mut router: Router<AppState>) -> Router<AppState> {
     router
 }
 
-/// Serves [`router`] (with the request-body timeout) on `listener` under
+/// Serves [`router`] (which applies the request-body timeout) on `listener` under
 /// `limits` (see [`conn`]) until `shutdown` resolves, then lets the requests
 /// in flight finish.
 pub async fn serve(
@@ -261,14 +270,7 @@ pub async fn serve_tls(
     tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let mut app = router(state.clone());
-    if let Some(timeout) = state.body_timeout {
-        app = app.layer(middleware::from_fn_with_state(
-            timeout,
-            conn::body::body_deadline,
-        ));
-    }
-    conn::serve_tls(listener, app, limits, tls, shutdown).await;
+    conn::serve_tls(listener, router(state), limits, tls, shutdown).await;
     Ok(())
 }
 
