@@ -60,7 +60,7 @@ def _native_buf(buf: Path) -> Path:
 BUF = _native_buf(BUF)
 
 STARTUP_TIMEOUT_S = 60.0
-ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP) listening on (http://\S+)\s*$")
+ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP) listening on (https?)://(\S+)\s*$")
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -88,6 +88,7 @@ class Server:
     stderr_path: Path
     grpc: str | None = None  # "127.0.0.1:PORT"
     http: str | None = None
+    scheme: str = "http"  # "https" when the server announced TLS
     _lines: queue.Queue = field(default_factory=queue.Queue)
 
     @classmethod
@@ -135,7 +136,8 @@ class Server:
                 )
             m = ANNOUNCE.match(line)
             if m:
-                found[m.group(2)] = m.group(3).removeprefix("http://")
+                found[m.group(2)] = m.group(4)
+                self.scheme = m.group(3)
         self.grpc, self.http = found.get("gRPC"), found.get("HTTP")
 
     @property

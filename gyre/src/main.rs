@@ -251,6 +251,14 @@ struct GrpcArgs {
     /// The Responses API's store.
     #[command(flatten)]
     responses: ResponsesArgs,
+    /// TLS on both ports.
+    #[command(flatten)]
+    tls: gyre_shim::tls::TlsArgs,
+    /// PEM CA certificate(s): gRPC clients must present a certificate
+    /// chaining to one of them (mTLS). Needs --tls-cert and --tls-key. The
+    /// HTTP port does not ask for client certificates.
+    #[arg(long, env = "GYRE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<std::path::PathBuf>,
 }
 
 /// Where the Responses API keeps responses and conversations, and how many.
@@ -335,10 +343,17 @@ struct HttpArgs {
     #[arg(long, env = "GYRE_BODY_TIMEOUT", default_value = "30", value_parser = gyre_shim::conn::parse_secs)]
     body_timeout: std::time::Duration,
     /// Let web pages of this origin (`scheme://host[:port]`, or `*` for
-    /// any) call the HTTP API from a browser (CORS). Repeatable or
-    /// comma-separated; unset: CORS stays closed.
-    #[arg(long, env = "GYRE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    /// any) call the HTTP API from a browser (CORS); `--cors-origin` is the
+    /// same flag. Repeatable or comma-separated; unset: CORS stays closed.
+    #[arg(
+        long,
+        alias = "cors-origin",
+        env = "GYRE_CORS_ALLOW_ORIGIN",
+        value_delimiter = ','
+    )]
     cors_allow_origin: Vec<String>,
+    #[command(flatten)]
+    idempotency: gyre_shim::idempotency::IdempotencyArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -568,6 +583,12 @@ async fn run() -> anyhow::Result<()> {
         None => None,
     };
     let limits = grpc.conn.limits();
+    // Read before the models load, so that a bad path fails the start at once.
+    let tls = gyre_shim::tls::ServerTls::from_flags(
+        grpc.tls.tls_cert.as_deref(),
+        grpc.tls.tls_key.as_deref(),
+        grpc.tls_client_ca.as_deref(),
+    )?;
     let specs = model_specs(&model)?;
     let defaults = load_defaults(&model, cli.log_format)?;
     let registry = Arc::new(load::load_all(specs, &defaults).await?);
@@ -617,13 +638,16 @@ async fn run() -> anyhow::Result<()> {
         store: Some(Arc::new(store)),
     };
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
-    let grpc_task = tokio::spawn(gyre_shim::conn::serve(
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let grpc_tls = tls.as_ref().map(|t| t.acceptor(true)).transpose()?;
+    let grpc_task = tokio::spawn(gyre_shim::conn::serve_tls(
         grpc_listener,
         grpc_routes,
         limits,
+        grpc_tls,
         shutdown_signal(stop_rx.clone()),
     ));
-    announce(format!("gyre: gRPC listening on http://{grpc_local}"));
+    announce(format!("gyre: gRPC listening on {scheme}://{grpc_local}"));
 
     let http_task = match http {
         Some((addr, http)) => {
@@ -631,17 +655,21 @@ async fn run() -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot bind HTTP address {addr}"))?;
             let local = listener.local_addr()?;
-            let mut cfg = gyre_shim::ShimConfig::new(format!("http://{grpc_local}"));
+            let mut cfg = gyre_shim::ShimConfig::new(format!("{scheme}://{grpc_local}"));
+            cfg.upstream_tls = tls.as_ref().map(|t| t.loopback_client()).transpose()?;
+            cfg.idempotency = http.idempotency.settings();
             cfg.api_key = grpc.api_key;
             cfg.cors_allow_origins = http.cors_allow_origin;
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
             let state = gyre_shim::connect(cfg).await?;
-            announce(format!("gyre: HTTP listening on http://{local}"));
-            Some(tokio::spawn(gyre_shim::serve(
+            announce(format!("gyre: HTTP listening on {scheme}://{local}"));
+            let http_tls = tls.as_ref().map(|t| t.acceptor(false)).transpose()?;
+            Some(tokio::spawn(gyre_shim::serve_tls(
                 listener,
                 state,
                 limits,
+                http_tls,
                 shutdown_signal(stop_rx.clone()),
             )))
         }

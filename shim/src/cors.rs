@@ -1,6 +1,6 @@
 //! Cross-origin resource sharing: closed unless configured.
 //!
-//! Without `--cors-allow-origin` the shim has no CORS layer at all: no
+//! Without `--cors-allow-origin` (alias `--cors-origin`) the shim has no CORS layer at all: no
 //! response carries `Access-Control-Allow-Origin`, and a browser's preflight
 //! `OPTIONS` gets no grant (405), so web pages on other origins cannot read
 //! answers or send JSON requests. Configured origins (or `*`, any origin)
@@ -61,6 +61,7 @@ pub fn layer(origins: &[String]) -> Result<Option<CorsLayer>, CorsError> {
                 http::header::RETRY_AFTER,
                 http::HeaderName::from_static("deprecation"),
                 http::HeaderName::from_static("sunset"),
+                http::HeaderName::from_static(crate::idempotency::REPLAYED),
             ])
             .max_age(PREFLIGHT_MAX_AGE),
     ))

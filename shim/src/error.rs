@@ -79,6 +79,11 @@ impl ApiError {
         self
     }
 
+    pub(crate) fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
     /// 400 for bad input; `param` names the offending request field.
     pub fn invalid_request(message: impl Into<String>, param: Option<&str>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)

@@ -12,7 +12,8 @@
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
 //! configured), [`observe`] and [`telemetry`] (request ids, spans, access
 //! log lines), [`conn`] (accepting and limiting connections, for this port
-//! and the service's). The Responses API has its own JSON mapping
+//! and the service's), [`tls`] (rustls for both ports and the hop to the
+//! service), [`idempotency`] (`Idempotency-Key` replays). The Responses API has its own JSON mapping
 //! (`openai::responses_*`) and event stream ([`responses_upstream`]).
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod guarded;
+pub mod idempotency;
 pub mod limits;
 pub mod logging;
 pub mod notice;
@@ -33,6 +35,7 @@ pub mod routes;
 pub mod sse;
 pub mod structured;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 
 use std::future::Future;
@@ -81,6 +84,11 @@ pub struct ShimConfig {
     /// A request body not fully received this long after the request head
     /// is answered 408 (see [`conn::body`]); `None`: no limit.
     pub body_timeout: Option<Duration>,
+    /// TLS of the hop to the service (for an `https://` endpoint); `None`:
+    /// plain HTTP/2.
+    pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// `Idempotency-Key` handling (see [`idempotency`]).
+    pub idempotency: idempotency::Settings,
 }
 
 /// Largest response header block the shim accepts from the service. h2
@@ -101,6 +109,8 @@ impl ShimConfig {
             cors_allow_origins: Vec::new(),
             upstream_connections: usize::from(pool::DEFAULT_CONNECTIONS),
             body_timeout: Some(Duration::from_secs(30)),
+            upstream_tls: None,
+            idempotency: idempotency::Settings::default(),
         }
     }
 }
@@ -120,6 +130,8 @@ pub struct AppState {
     /// The CORS layer, when origins are configured.
     pub(crate) cors: Option<tower_http::cors::CorsLayer>,
     pub(crate) body_timeout: Option<Duration>,
+    /// `Idempotency-Key`s and their stored answers.
+    pub(crate) idempotency: Arc<idempotency::Store>,
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
@@ -130,7 +142,14 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true)
         .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
-    let pool = Pool::connect_lazy(&endpoint, cfg.upstream_connections);
+    let pool = match &cfg.upstream_tls {
+        Some(tls) => Pool::connect_lazy_tls(
+            &endpoint,
+            cfg.upstream_connections,
+            &tls::Connector::new(tls.clone()),
+        ),
+        None => Pool::connect_lazy(&endpoint, cfg.upstream_connections),
+    };
     let grpc_auth = match &cfg.api_key {
         Some(key) => {
             let mut value = AsciiMetadataValue::try_from(format!("Bearer {key}"))
@@ -151,10 +170,12 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         request_timeout: cfg.request_timeout,
         cors: cors::layer(&cfg.cors_allow_origins)?,
         body_timeout: cfg.body_timeout,
+        idempotency: Arc::new(idempotency::Store::new(cfg.idempotency)),
     })
 }
 
-/// The OpenAI-compatible HTTP API.
+/// The OpenAI-compatible HTTP API, with the request-body timeout (see
+/// [`conn::body`]) when configured.
 pub fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::create))
@@ -175,9 +196,22 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(middleware::from_fn(observe::route))
+        // Inside authentication: a refused request claims no key.
+        .layer(middleware::from_fn_with_state(
+            state.idempotency.clone(),
+            idempotency::guard,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
-    // Outside authentication: a browser's preflight carries no key.
+    let router = match state.body_timeout {
+        Some(timeout) => router.layer(middleware::from_fn_with_state(
+            timeout,
+            conn::body::body_deadline,
+        )),
+        None => router,
+    };
+    // Outside authentication (a browser's preflight carries no key) and
+    // every error, the body timeout's 408 included.
     let router = match state.cors.clone() {
         Some(cors) => router.layer(cors),
         None => router,
@@ -220,7 +254,7 @@ fn responses_routes(mut router: Router<AppState>) -> Router<AppState> {
     router
 }
 
-/// Serves [`router`] (with the request-body timeout) on `listener` under
+/// Serves [`router`] (which applies the request-body timeout) on `listener` under
 /// `limits` (see [`conn`]) until `shutdown` resolves, then lets the requests
 /// in flight finish.
 pub async fn serve(
@@ -229,17 +263,21 @@ pub async fn serve(
     limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let mut app = router(state.clone());
-    if let Some(timeout) = state.body_timeout {
-        app = app.layer(middleware::from_fn_with_state(
-            timeout,
-            conn::body::body_deadline,
-        ));
-    }
+    serve_tls(listener, state, limits, None, shutdown).await
+}
+
+/// [`serve`] over TLS (HTTPS) when `tls` is set.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     // Outermost: every response, a 408 from the body deadline included,
     // carries the request id (see `observe`).
-    let app = app.layer(middleware::from_fn(observe::layer));
-    conn::serve(listener, app, limits, shutdown).await;
+    let app = router(state).layer(middleware::from_fn(observe::layer));
+    conn::serve_tls(listener, app, limits, tls, shutdown).await;
     Ok(())
 }
 

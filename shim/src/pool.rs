@@ -56,6 +56,25 @@ impl Pool {
         }
     }
 
+    /// [`Pool::connect_lazy`] over TLS: each channel connects through
+    /// `connector` (see [`crate::tls::Connector`]).
+    pub fn connect_lazy_tls(
+        endpoint: &Endpoint,
+        n: usize,
+        connector: &crate::tls::Connector,
+    ) -> Self {
+        let slots: Vec<Slot> = (0..n.max(1))
+            .map(|_| Slot {
+                channel: endpoint.connect_with_connector_lazy(connector.clone()),
+                load: Arc::new(AtomicUsize::new(0)),
+            })
+            .collect();
+        Self {
+            slots: slots.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
     /// Calls in flight on each channel.
     pub fn loads(&self) -> Vec<usize> {
         self.slots

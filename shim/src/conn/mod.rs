@@ -23,6 +23,11 @@
 //! no request in flight for [`CLOSE_GRACE`] it is dropped. Shutdown works the
 //! same way for every connection: requests in flight finish, idle connections
 //! go. The request-body timeout of the HTTP API is in [`body`].
+//!
+//! With TLS ([`serve_tls`]), each accepted connection first completes its
+//! handshake, within the header-read timeout (10 s when that is off); a
+//! connection that fails it (a plain-text client, an unknown or missing
+//! client certificate under mTLS) is closed and logged at debug level.
 
 pub mod body;
 mod track;
@@ -34,7 +39,7 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use track::{ConnState, Tracked, Watched};
@@ -138,6 +143,30 @@ pub async fn serve<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    serve_tls(listener, service, limits, None, shutdown).await;
+}
+
+/// How long a TLS handshake may take when the header-read timeout is off.
+const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`serve`], with each connection's TLS handshake first when `tls` is set.
+pub async fn serve_tls<S, B>(
+    listener: TcpListener,
+    service: S,
+    limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     let builder = Arc::new(builder(&limits));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     // Every connection task holds a receiver; `closed()` on the sender
@@ -178,8 +207,25 @@ pub async fn serve<S, B>(
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
         let (builder, service, close) = (builder.clone(), service.clone(), close_rx.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            serve_connection(tcp, service, &builder, limits, close).await;
+            match tls {
+                None => serve_connection(tcp, service, &builder, limits, close).await,
+                Some(acceptor) => {
+                    let limit = limits
+                        .header_read_timeout
+                        .unwrap_or(DEFAULT_HANDSHAKE_TIMEOUT);
+                    match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, service, &builder, limits, close).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
             drop(slot);
         });
     }
@@ -204,8 +250,8 @@ fn builder(limits: &ConnLimits) -> Builder<TokioExecutor> {
 
 /// Serves one connection until it ends, the limits close it, or shutdown
 /// (`close` turning true) has let its requests finish.
-async fn serve_connection<S, B>(
-    tcp: TcpStream,
+async fn serve_connection<S, B, T>(
+    tcp: T,
     service: S,
     builder: &Builder<TokioExecutor>,
     limits: ConnLimits,
@@ -220,6 +266,7 @@ async fn serve_connection<S, B>(
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let state = Arc::new(ConnState::new());
     let io = TokioIo::new(Watched::new(tcp, state.clone()));
