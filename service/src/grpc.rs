@@ -24,6 +24,7 @@ use crate::error::ServiceError;
 use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
+use crate::tenant::Tenant;
 
 pub(crate) type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
@@ -94,18 +95,23 @@ impl GenerationService {
         }
     }
 
-    /// Validates and submits a request; one event receiver per choice.
+    /// Validates and submits a request of `tenant`; one event receiver per
+    /// choice.
     pub(crate) async fn prepare(
         &self,
         req: v1::Request,
+        tenant: &Tenant,
     ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
-        self.prepare_entry(req).await.map(|(p, c, _)| (p, c))
+        self.prepare_entry(req, tenant)
+            .await
+            .map(|(p, c, _)| (p, c))
     }
 
     /// [`Self::prepare`], also returning the model's registry entry.
     pub(crate) async fn prepare_entry(
         &self,
         req: v1::Request,
+        tenant: &Tenant,
     ) -> Result<(Arc<Prepared>, Vec<Choice>, Arc<Entry>), ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
@@ -113,13 +119,15 @@ impl GenerationService {
         self.check_kind(&req.model)?;
         let entry = self.models.resolve(&req.model)?;
         let model = entry.generative_runtime()?.clone();
-        let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
+        let mut prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        for_tenant(&mut prepared.engine_req, tenant);
         let rxs = prepared
             .model
             .engine
-            .submit_n(prepared.engine_req.clone(), prepared.n)?;
+            .submit_n(prepared.engine_req.clone(), prepared.n)
+            .map_err(|e| queue_position(e, &prepared.model.engine))?;
         Ok((Arc::new(prepared), rxs, entry))
     }
 
@@ -148,6 +156,28 @@ impl GenerationService {
                 deadline,
             ));
         }
+    }
+}
+
+/// Puts `req` in `tenant`'s share of the engine; the tenant's priority adds
+/// to the request's own.
+pub(crate) fn for_tenant(req: &mut gyre_engine::GenerateRequest, tenant: &Tenant) {
+    req.tenant = tenant.name.clone();
+    req.weight = tenant.weight.max(1);
+    req.priority = req.priority.saturating_add(tenant.priority);
+}
+
+/// A refusal of the engine, with the queue's length when it is full (see
+/// [`ServiceError::QueueFull`]).
+pub(crate) fn queue_position(
+    e: gyre_engine::EngineError,
+    engine: &gyre_engine::Engine,
+) -> ServiceError {
+    match e {
+        gyre_engine::EngineError::QueueFull => ServiceError::QueueFull {
+            position: engine.queued().saturating_add(1),
+        },
+        e => ServiceError::Engine(e),
     }
 }
 
@@ -240,10 +270,12 @@ impl Generation for GenerationService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         // The call's deadline bounds every request on the stream.
         let deadline = deadline_of(request.metadata());
+        let tenant = Tenant::of(&request);
         Ok(Response::new(crate::multiplex::serve(
             self.clone(),
             request.into_inner(),
             deadline,
+            tenant,
         )))
     }
 
@@ -252,12 +284,13 @@ impl Generation for GenerationService {
         request: Request<v1::Request>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
         let deadline = deadline_of(request.metadata());
+        let tenant = Tenant::of(&request);
         let mut req = request.into_inner();
         if req.request_id.is_empty() {
             req.request_id = format!("req-{:016x}", rand_id());
         }
         let id = req.request_id.clone();
-        let (p, choices, entry) = self.prepare_entry(req).await?;
+        let (p, choices, entry) = self.prepare_entry(req, &tenant).await?;
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
         GenerationService::spawn_choices(&id, p, choices, &out, &cancel_rx, Mode::Single, deadline);

@@ -19,6 +19,7 @@ use tonic::{Request, Status};
 use tower::Layer as _;
 
 use crate::admin::{AdminKeyCheck, AdminService};
+use crate::deep_health::DeepHealth;
 use crate::embeddings::EmbeddingRuntime;
 use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
@@ -80,6 +81,9 @@ pub struct ServerOptions {
     /// Embedding models, served by gyre.v1.Embeddings next to the
     /// registry's generative ones.
     pub embedders: Vec<Arc<EmbeddingRuntime>>,
+    /// `--deep-health-interval-secs`: probe each generative model through
+    /// its engine and report it in health (see `deep_health`); None: off.
+    pub deep_health: Option<DeepHealth>,
 }
 
 /// The gRPC service over `models`, ready to serve. Once `draining` turns
@@ -132,6 +136,9 @@ pub async fn grpc_service_for(
         .set_serving::<EmbeddingsServer<EmbeddingsService>>()
         .await;
     registry.attach_health(health.clone()).await;
+    if let Some(cfg) = opts.deep_health {
+        crate::deep_health::spawn(registry.clone(), health.clone(), cfg, draining.clone());
+    }
     let embed_ids: Vec<String> = opts.embedders.iter().map(|e| e.id.clone()).collect();
     for id in &embed_ids {
         health

@@ -44,6 +44,9 @@ pub struct ApiError {
     code: Option<String>,
     /// Seconds for the `Retry-After` header.
     retry_after: Option<u64>,
+    /// `X-Queue-Position` of a `queue_full` 429 (the service's
+    /// `x-queue-position` metadata).
+    queue_position: Option<u32>,
 }
 
 pub(crate) const INVALID_REQUEST: &str = "invalid_request_error";
@@ -58,6 +61,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            queue_position: None,
         }
     }
 
@@ -213,7 +217,15 @@ impl ApiError {
         } else {
             status.code()
         };
-        map_code(code, status.message(), field, reason, retry, api)
+        let mut err = map_code(code, status.message(), field, reason, retry, api);
+        if err.status == StatusCode::TOO_MANY_REQUESTS {
+            err.queue_position = status
+                .metadata()
+                .get("x-queue-position")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+        }
+        err
     }
 
     /// Maps the error of a request that finished with reason ERROR.
@@ -433,6 +445,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        if let Some(position) = self.queue_position {
+            response
+                .headers_mut()
+                .insert("x-queue-position", http::HeaderValue::from(position));
         }
         response
     }

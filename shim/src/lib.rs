@@ -21,6 +21,7 @@ pub mod cors;
 pub mod error;
 pub mod extract;
 pub mod guarded;
+pub mod keepalive;
 pub mod limits;
 pub mod logging;
 pub mod notice;
@@ -78,6 +79,13 @@ pub struct ShimConfig {
     /// A request body not fully received this long after the request head
     /// is answered 408 (see [`conn::body`]); `None`: no limit.
     pub body_timeout: Option<Duration>,
+    /// A streamed response with no event this long gets a `: keep-alive`
+    /// comment (see [`keepalive`]); `None`: no heartbeat.
+    pub sse_heartbeat: Option<Duration>,
+    /// Interval of the HTTP/2 PINGs to the gRPC service; `None`: none.
+    pub upstream_keepalive_interval: Option<Duration>,
+    /// How long such a PING may go unanswered.
+    pub upstream_keepalive_timeout: Duration,
 }
 
 /// Largest response header block the shim accepts from the service. h2
@@ -98,6 +106,9 @@ impl ShimConfig {
             cors_allow_origins: Vec::new(),
             upstream_connections: usize::from(pool::DEFAULT_CONNECTIONS),
             body_timeout: Some(Duration::from_secs(30)),
+            sse_heartbeat: Some(keepalive::SSE_HEARTBEAT),
+            upstream_keepalive_interval: Some(keepalive::UPSTREAM_KEEPALIVE_INTERVAL),
+            upstream_keepalive_timeout: keepalive::UPSTREAM_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -117,16 +128,21 @@ pub struct AppState {
     /// The CORS layer, when origins are configured.
     pub(crate) cors: Option<tower_http::cors::CorsLayer>,
     pub(crate) body_timeout: Option<Duration>,
+    pub(crate) sse_heartbeat: Option<Duration>,
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
 /// call, reconnecting as needed), so this succeeds while the service is down.
 pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
-    let endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
+    let mut endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
         .with_context(|| format!("invalid gRPC endpoint {:?}", cfg.grpc_endpoint))?
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true)
         .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
+    if let Some(every) = cfg.upstream_keepalive_interval {
+        endpoint = endpoint
+            .http2_keep_alive_interval(every)
+            .keep_alive_timeout(cfg.upstream_keepalive_timeout)
+            .keep_alive_while_idle(true);
+    }
     let pool = Pool::connect_lazy(&endpoint, cfg.upstream_connections);
     let grpc_auth = match &cfg.api_key {
         Some(key) => {
@@ -148,6 +164,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         request_timeout: cfg.request_timeout,
         cors: cors::layer(&cfg.cors_allow_origins)?,
         body_timeout: cfg.body_timeout,
+        sse_heartbeat: cfg.sse_heartbeat,
     })
 }
 

@@ -57,20 +57,25 @@ struct Args {
 
     #[command(flatten)]
     conn: gyre_shim::conn::ConnArgs,
+
+    #[command(flatten)]
+    keepalive: gyre_shim::keepalive::KeepaliveArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     gyre_shim::logging::init(args.log_format);
-    let config = ShimConfig {
+    let mut config = ShimConfig {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         request_timeout: args.request_timeout_secs.map(Duration::from_secs),
         cors_allow_origins: args.cors_allow_origin,
         upstream_connections: usize::from(args.upstream_connections),
         body_timeout: (!args.body_timeout.is_zero()).then_some(args.body_timeout),
+        ..ShimConfig::new("")
     };
+    args.keepalive.apply(&mut config);
     let state = gyre_shim::connect(config).await?;
     let listener = tokio::net::TcpListener::bind(&args.http_addr)
         .await
