@@ -4,7 +4,8 @@ A server admits up to `--max-running` + `--max-queue` requests at once
 (running or waiting): a burst of 150 against an idle server whose 64 running
 slots and queue of 86 hold 150 is served whole, with no 429; a request beyond
 a full engine and a full queue still gets 429 with `Retry-After` over HTTP
-and RESOURCE_EXHAUSTED over gRPC."""
+and RESOURCE_EXHAUSTED over gRPC, both with the place it would have taken in
+the queue (`X-Queue-Position` / `x-queue-position`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def test_a_request_beyond_a_full_engine_and_queue_is_refused(start_server):
         err = reply.json()["error"]
         assert err["type"] == "rate_limit_error" and err["code"] == "queue_full", err
         assert reply.headers.get("retry-after"), reply.headers
+        # One request waits: this one would have been second in line.
+        assert reply.headers.get("x-queue-position") == "2", reply.headers
 
         one_more = stub.GenerateStream(pb.Request(model=QWEN, text="One more", max_tokens=4))
         try:
@@ -63,6 +66,8 @@ def test_a_request_beyond_a_full_engine_and_queue_is_refused(start_server):
             raise AssertionError("a request beyond the queue was served")
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            meta = dict(e.trailing_metadata() or ())
+            assert meta.get("x-queue-position") == "2", meta
     finally:
         for call in calls:
             call.cancel()

@@ -57,6 +57,11 @@ impl Admission {
         }
     }
 
+    /// Requests submitted and not yet started.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
     /// `n` waiting requests started, were dropped, or failed.
     pub(crate) fn leave(&self, n: usize) {
         if n > 0 {

@@ -19,6 +19,7 @@ mod blocks;
 mod config;
 mod constraint;
 pub mod encoder;
+mod fair;
 mod flash;
 mod gemm;
 pub mod gguf;
@@ -207,8 +208,16 @@ pub struct GenerateRequest {
     /// Such a request computes its whole prompt: it takes nothing from the
     /// shared prefix cache (and leaves nothing in it for others).
     pub prompt_logprobs: Option<u32>,
-    /// Higher runs first and is preempted last.
+    /// Higher runs first and is preempted last, among the requests of its
+    /// tenant (tenants share the engine by weighted fair queuing first).
     pub priority: i32,
+    /// Who the request is for: the engine shares its capacity between
+    /// tenants in proportion to their weights (start-time fair queuing over
+    /// the tokens it runs for each), so one flooding the queue cannot starve
+    /// another. Empty: the one shared tenant of a server without tenants.
+    pub tenant: Arc<str>,
+    /// The tenant's share relative to other tenants' (0 counts as 1).
+    pub weight: u32,
     /// Prefix-cache namespace; empty is the shared cache.
     pub cache_salt: String,
     /// Constrained decoding: only tokens that keep the output within this
@@ -223,7 +232,7 @@ pub struct GenerateRequest {
 impl GenerateRequest {
     /// A request with default settings: sampling from the defaults of
     /// [`Sampling`], no extra stop ids, EOS honoured, no logprobs, priority 0,
-    /// the shared prefix cache.
+    /// the shared tenant at weight 1, the shared prefix cache.
     pub fn new(prompt: Vec<u32>, max_tokens: u32) -> Self {
         Self {
             prompt,
@@ -235,6 +244,8 @@ impl GenerateRequest {
             logprobs: None,
             prompt_logprobs: None,
             priority: 0,
+            tenant: Arc::from(""),
+            weight: 1,
             cache_salt: String::new(),
             constraint: None,
             speculation: None,
@@ -355,6 +366,12 @@ impl Engine {
 
     pub fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// Requests submitted and not yet started (in the queue or on their way
+    /// to it), as admission counts them now.
+    pub fn queued(&self) -> usize {
+        self.admission.queued()
     }
 
     /// The engine's state as of its last step.

@@ -6,17 +6,28 @@
 //! Order: running sequences first — decodes (one token each), then prefill
 //! chunks, each group by priority, then age — so a long prompt being
 //! prefilled never stalls streams already generating; then waiting requests
-//! are admitted by priority and age while budget and blocks last. When blocks run out, the
-//! lowest-priority, newest running sequence is preempted: its blocks are
-//! released and it waits again, to be resumed by recomputing its tokens
-//! (cheaply, when its full blocks are still in the prefix cache).
+//! are admitted while budget and blocks last: the tenant furthest below its
+//! fair share first (weighted fair queuing, see `fair`), then by priority
+//! and age within the tenant. When blocks run out, a running sequence of the
+//! tenant furthest over its share is preempted (within it, the
+//! lowest-priority, newest): its blocks are released and it waits again, to
+//! be resumed by recomputing its tokens (cheaply, when its full blocks are
+//! still in the prefix cache).
+
+use std::cmp::Ordering;
+use std::sync::Arc;
 
 use crate::blocks::{BlockAllocator, BlockId, block_hash};
+use crate::fair::Fair;
 
 /// What the scheduler needs to know of a sequence.
 pub(crate) struct SeqState {
     pub id: u64,
     pub priority: i32,
+    /// The tenant whose share the sequence's tokens count against.
+    pub tenant: Arc<str>,
+    /// The tenant's weight (its share relative to other tenants'; >= 1).
+    pub weight: u32,
     /// Prompt, then generated tokens.
     pub tokens: Vec<u32>,
     /// Leading tokens whose keys and values are in the pool.
@@ -41,6 +52,8 @@ impl SeqState {
         Self {
             id,
             priority,
+            tenant: Arc::from(""),
+            weight: 1,
             tokens: prompt,
             computed: 0,
             blocks: Vec::new(),
@@ -59,6 +72,13 @@ impl SeqState {
         self.tokens.truncate(real);
         self.drafts = 0;
     }
+
+    /// The same sequence, counted against `tenant`'s share at `weight`.
+    pub fn for_tenant(mut self, tenant: Arc<str>, weight: u32) -> Self {
+        self.tenant = tenant;
+        self.weight = weight.max(1);
+        self
+    }
 }
 
 /// Counters the scheduler keeps.
@@ -75,6 +95,7 @@ pub(crate) struct Scheduler {
     pub max_running: usize,
     pub token_budget: usize,
     pub stats: SchedStats,
+    fair: Fair,
 }
 
 /// One step's plan.
@@ -92,6 +113,14 @@ fn order_key(s: &SeqState) -> (i64, u64) {
     (-(s.priority as i64), s.id)
 }
 
+/// Admission order: the tenant furthest below its share first, then by
+/// priority and age within it. Preemption takes the greatest.
+fn fair_order(fair: &Fair, a: &SeqState, b: &SeqState) -> Ordering {
+    fair.vtime(a)
+        .total_cmp(&fair.vtime(b))
+        .then_with(|| order_key(a).cmp(&order_key(b)))
+}
+
 impl Scheduler {
     pub fn new(
         num_blocks: u32,
@@ -105,6 +134,7 @@ impl Scheduler {
             max_running,
             token_budget: token_budget.max(1),
             stats: SchedStats::default(),
+            fair: Fair::default(),
         }
     }
 
@@ -205,6 +235,7 @@ impl Scheduler {
     pub fn schedule(&mut self, running: &mut Vec<SeqState>, waiting: &mut Vec<SeqState>) -> Plan {
         let mut plan = Plan::default();
         let mut budget = self.token_budget;
+        self.fair.begin(running, waiting);
         // Decodes (one token each) first, so a long prompt being prefilled in
         // chunks never stalls the streams already generating; then prefill
         // chunks. Within each, by priority then age.
@@ -218,14 +249,17 @@ impl Scheduler {
                 let upto = s.computed + n;
                 if self.ensure_blocks(s, upto, &mut plan.copies) {
                     plan.runs.push((s.id, n));
+                    self.fair.charge(s, n);
                     budget -= n;
                     i += 1;
                     break;
                 }
-                // Out of blocks: preempt the lowest-priority, newest sequence
-                // not yet planned, which is this one when none ranks below it.
+                // Out of blocks: preempt a sequence not yet planned of the
+                // tenant most over its share (within it, the lowest-priority,
+                // newest), which is this one when none ranks below it.
+                let fair = &self.fair;
                 let victim = (i..running.len())
-                    .max_by_key(|&j| order_key(&running[j]))
+                    .max_by(|&a, &b| fair_order(fair, &running[a], &running[b]))
                     .unwrap_or(i);
                 let mut v = running.remove(victim);
                 self.free(&mut v);
@@ -238,9 +272,12 @@ impl Scheduler {
                 }
             }
         }
-        waiting.sort_by_key(order_key);
         while budget > 0 && running.len() < self.max_running && !waiting.is_empty() {
-            let mut s = waiting.remove(0);
+            let fair = &self.fair;
+            let next = (0..waiting.len())
+                .min_by(|&a, &b| fair_order(fair, &waiting[a], &waiting[b]))
+                .unwrap_or(0);
+            let mut s = waiting.remove(next);
             if s.blocks.is_empty() {
                 self.match_prefix(&mut s);
             }
@@ -252,9 +289,11 @@ impl Scheduler {
                 break;
             }
             plan.runs.push((s.id, n));
+            self.fair.charge(&s, n);
             budget -= n;
             running.push(s);
         }
+        self.fair.end(waiting);
         plan
     }
 }

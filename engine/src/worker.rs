@@ -228,7 +228,8 @@ impl Worker {
                     Some(_) => format!("\u{0}prompt-logprobs-{id}\u{0}{}", req.cache_salt),
                     None => req.cache_salt.clone(),
                 };
-                let mut seq = SeqState::new(id, req.priority, req.prompt.clone(), salt);
+                let mut seq = SeqState::new(id, req.priority, req.prompt.clone(), salt)
+                    .for_tenant(req.tenant.clone(), req.weight);
                 set_kv_regime(&mut seq, self.model.kv_regime(req.prompt.len()));
                 self.waiting.push(seq);
                 // Choice i samples with seed + i: choices differ, each reproducible.
@@ -464,6 +465,8 @@ impl Worker {
                 let mut cs = SeqState {
                     id: cid,
                     priority: s.priority,
+                    tenant: s.tenant.clone(),
+                    weight: s.weight,
                     tokens: s.tokens.clone(),
                     computed: s.computed,
                     blocks: s.blocks.clone(),

@@ -245,6 +245,15 @@ struct GrpcArgs {
     /// UNAVAILABLE (HTTP 503). A second signal stops at once.
     #[arg(long, env = "GYRE_DRAIN_TIMEOUT", default_value_t = 30.0)]
     drain_timeout: f64,
+    /// Seconds between deep health probes: a one-token prefill and decode
+    /// through each generative model's engine; a model whose probe fails or
+    /// stalls reports NOT_SERVING in gRPC health until one passes. 0: off.
+    #[arg(long, env = "GYRE_DEEP_HEALTH_INTERVAL_SECS", default_value = "0", value_parser = gyre_shim::conn::parse_secs)]
+    deep_health_interval_secs: std::time::Duration,
+    /// Seconds a deep health probe may take (queue wait included) before it
+    /// counts as failed.
+    #[arg(long, env = "GYRE_DEEP_HEALTH_TIMEOUT_SECS", default_value = "30", value_parser = gyre_shim::conn::parse_secs)]
+    deep_health_timeout_secs: std::time::Duration,
     /// Connection limits, applied to each port.
     #[command(flatten)]
     conn: gyre_shim::conn::ConnArgs,
@@ -354,6 +363,9 @@ struct HttpArgs {
     cors_allow_origin: Vec<String>,
     #[command(flatten)]
     idempotency: gyre_shim::idempotency::IdempotencyArgs,
+    /// SSE heartbeat and the HTTP API's gRPC client keepalive.
+    #[command(flatten)]
+    keepalive: gyre_shim::keepalive::KeepaliveArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -636,6 +648,12 @@ async fn run() -> anyhow::Result<()> {
         admin_api_key: grpc.admin_api_key.clone(),
         load_defaults: Some(defaults),
         store: Some(Arc::new(store)),
+        deep_health: (!grpc.deep_health_interval_secs.is_zero()).then_some(
+            gyre_service::deep_health::DeepHealth {
+                interval: grpc.deep_health_interval_secs,
+                timeout: grpc.deep_health_timeout_secs,
+            },
+        ),
     };
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -662,6 +680,7 @@ async fn run() -> anyhow::Result<()> {
             cfg.cors_allow_origins = http.cors_allow_origin;
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
+            http.keepalive.apply(&mut cfg);
             let state = gyre_shim::connect(cfg).await?;
             announce(format!("gyre: HTTP listening on {scheme}://{local}"));
             let http_tls = tls.as_ref().map(|t| t.acceptor(false)).transpose()?;

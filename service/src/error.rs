@@ -11,6 +11,9 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// The `ErrorInfo.domain` of every gyre error.
 pub const DOMAIN: &str = "gyre.v1";
 
+/// The gRPC metadata key of a `QUEUE_FULL` refusal's queue position.
+pub const QUEUE_POSITION: &str = "x-queue-position";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     /// Bad input; `field` names the request field at fault.
@@ -37,6 +40,13 @@ pub enum ServiceError {
     DuplicateRequestId(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The engine's queue is full: RESOURCE_EXHAUSTED, reason QUEUE_FULL,
+    /// like `Engine(QueueFull)`, with the place the request would have
+    /// taken at the back of the queue (requests submitted and not yet
+    /// started when it was refused, plus one), sent as `x-queue-position`
+    /// metadata and `queue_position` in the ErrorInfo.
+    #[error("the engine is full and so is its queue")]
+    QueueFull { position: usize },
     #[error("the deadline passed after {0} generated tokens")]
     DeadlineExceeded(u32),
     #[error("internal error: {0}")]
@@ -139,6 +149,7 @@ impl ServiceError {
                 None,
                 r.message.clone(),
             ),
+            Self::QueueFull { .. } => Self::Engine(E::QueueFull).parts(),
             Self::DuplicateRequestId(_) => (
                 Code::AlreadyExists,
                 "DUPLICATE_REQUEST_ID",
@@ -262,7 +273,15 @@ impl From<ServiceError> for Status {
         }
         let message = bounded(message, MAX_MESSAGE_BYTES);
         let mut details = ErrorDetails::new();
-        details.set_error_info(reason, DOMAIN, HashMap::<String, String>::new());
+        let position = match &e {
+            ServiceError::QueueFull { position } => Some(position.to_string()),
+            _ => None,
+        };
+        let info: HashMap<String, String> = position
+            .iter()
+            .map(|p| ("queue_position".to_string(), p.clone()))
+            .collect();
+        details.set_error_info(reason, DOMAIN, info);
         if let Some(f) = field {
             details.add_bad_request_violation(
                 bounded(f, MAX_FIELD_BYTES),
@@ -278,6 +297,9 @@ impl From<ServiceError> for Status {
         }
         let mut status = Status::with_error_details(code, message, details);
         crate::access::put_headers(status.metadata_mut(), headers);
+        if let Some(p) = position.and_then(|p| p.parse().ok()) {
+            status.metadata_mut().insert(QUEUE_POSITION, p);
+        }
         status
     }
 }

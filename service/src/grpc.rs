@@ -25,6 +25,7 @@ use crate::observe::RequestObs;
 use crate::registry::{Entry, Registry};
 use crate::request::{self, Prepared};
 use crate::runtime::ModelRuntime;
+use crate::tenant::Tenant;
 
 pub(crate) type Out = mpsc::Sender<Result<GenerateResponse, Status>>;
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateResponse, Status>> + Send>>;
@@ -88,20 +89,24 @@ impl GenerationService {
             None => Ok(()),
         }
     }
-    }
 
-    /// Validates and submits a request; one event receiver per choice.
+    /// Validates and submits a request of `tenant`; one event receiver per
+    /// choice.
     pub(crate) async fn prepare(
         &self,
         req: v1::Request,
+        tenant: &Tenant,
     ) -> Result<(Arc<Prepared>, Vec<Choice>), ServiceError> {
-        self.prepare_entry(req).await.map(|(p, c, _)| (p, c))
+        self.prepare_entry(req, tenant)
+            .await
+            .map(|(p, c, _)| (p, c))
     }
 
     /// [`Self::prepare`], also returning the model's registry entry.
     pub(crate) async fn prepare_entry(
         &self,
         req: v1::Request,
+        tenant: &Tenant,
     ) -> Result<(Arc<Prepared>, Vec<Choice>, Arc<Entry>), ServiceError> {
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
@@ -119,10 +124,12 @@ impl GenerationService {
             let most = u64::from(prepared.engine_req.max_tokens) * u64::from(prepared.n.max(1));
             prepared.admission = Some(caller.admit(prompt + most)?);
         }
+        for_tenant(&mut prepared.engine_req, tenant);
         let rxs = prepared
             .model
             .engine
-            .submit_n(prepared.engine_req.clone(), prepared.n)?;
+            .submit_n(prepared.engine_req.clone(), prepared.n)
+            .map_err(|e| queue_position(e, &prepared.model.engine))?;
         if let Some(a) = &prepared.admission {
             a.submitted(prepared.engine_req.prompt.len() as u64);
         }
@@ -158,6 +165,28 @@ impl GenerationService {
                 deadline,
             ));
         }
+    }
+}
+
+/// Puts `req` in `tenant`'s share of the engine; the tenant's priority adds
+/// to the request's own.
+pub(crate) fn for_tenant(req: &mut gyre_engine::GenerateRequest, tenant: &Tenant) {
+    req.tenant = tenant.name.clone();
+    req.weight = tenant.weight.max(1);
+    req.priority = req.priority.saturating_add(tenant.priority);
+}
+
+/// A refusal of the engine, with the queue's length when it is full (see
+/// [`ServiceError::QueueFull`]).
+pub(crate) fn queue_position(
+    e: gyre_engine::EngineError,
+    engine: &gyre_engine::Engine,
+) -> ServiceError {
+    match e {
+        gyre_engine::EngineError::QueueFull => ServiceError::QueueFull {
+            position: engine.queued().saturating_add(1),
+        },
+        e => ServiceError::Engine(e),
     }
 }
 
@@ -252,10 +281,12 @@ impl Generation for GenerationService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         // The call's deadline bounds every request on the stream.
         let deadline = deadline_of(request.metadata());
+        let tenant = Tenant::of(&request);
         Ok(Response::new(crate::multiplex::serve(
             self.for_request(&request),
             request.into_inner(),
             deadline,
+            tenant,
         )))
     }
 
@@ -267,13 +298,14 @@ impl Generation for GenerationService {
         let svc = self.for_request(&request);
         let obs = RequestObs::start(&request, "gyre.v1.Generation/GenerateStream");
         let request_id = obs.id.clone();
+        let tenant = Tenant::of(&request);
         let mut req = request.into_inner();
         if req.request_id.is_empty() {
             req.request_id = format!("req-{:016x}", rand_id());
         }
         obs.request(&req);
         let id = req.request_id.clone();
-        let (p, choices, entry) = match svc.prepare_entry(req).await {
+        let (p, choices, entry) = match svc.prepare_entry(req, &tenant).await {
             Ok(prepared) => prepared,
             Err(e) => {
                 let mut status = Status::from(e);

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod chat;
 mod choice;
 pub mod compact;
+pub mod deep_health;
 pub mod detok;
 pub mod embeddings;
 pub mod embeddings_grpc;

@@ -32,6 +32,7 @@ use crate::error::ServiceError;
 use crate::grpc::{
     EventStream, GenerationService, Mode, Out, STREAM_BUFFER, Tag, fail, request_error,
 };
+use crate::tenant::Tenant;
 
 /// Serves one `Generate` call: reads the client's messages in a task of its
 /// own and returns the call's response stream.
@@ -39,6 +40,7 @@ pub(crate) fn serve(
     svc: GenerationService,
     inbound: Streaming<GenerateRequest>,
     deadline: Option<Instant>,
+    tenant: Tenant,
 ) -> EventStream {
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     let (abort_tx, abort_rx) = oneshot::channel();
@@ -50,6 +52,7 @@ pub(crate) fn serve(
         abort_tx,
         ids.clone(),
         deadline,
+        tenant,
     ));
     Box::pin(Outbound {
         rx,
@@ -67,6 +70,7 @@ async fn read_client(
     abort: oneshot::Sender<Status>,
     ids: Arc<Ids>,
     deadline: Option<Instant>,
+    tenant: Tenant,
 ) {
     loop {
         let msg = match inbound.message().await {
@@ -82,7 +86,7 @@ async fn read_client(
             }
         };
         match msg.action {
-            Some(Action::Start(req)) => start(&svc, req, &out, &ids, deadline).await,
+            Some(Action::Start(req)) => start(&svc, req, &out, &ids, deadline, &tenant).await,
             Some(Action::Cancel(Cancel { request_id })) => ids.cancel(&request_id),
             None => {}
         }
@@ -96,6 +100,7 @@ async fn start(
     out: &Out,
     ids: &Arc<Ids>,
     deadline: Option<Instant>,
+    tenant: &Tenant,
 ) {
     let tag = Tag {
         obs: None,
@@ -126,9 +131,9 @@ async fn start(
             return;
         }
     };
-    let (svc, out, ids) = (svc.clone(), out.clone(), ids.clone());
+    let (svc, out, ids, tenant) = (svc.clone(), out.clone(), ids.clone(), tenant.clone());
     tokio::spawn(async move {
-        match svc.prepare(req).await {
+        match svc.prepare(req, &tenant).await {
             Ok((p, choices)) => {
                 ids.expect_finishes(&tag.id, choices.len());
                 GenerationService::spawn_choices(

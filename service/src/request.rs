@@ -525,6 +525,9 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         logprobs,
         prompt_logprobs: req.prompt_logprobs,
         priority: req.priority.unwrap_or(0),
+        // The service sets the caller's tenant (`grpc::for_tenant`).
+        tenant: std::sync::Arc::from(""),
+        weight: 1,
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
         constraint,
         speculation,

@@ -19,6 +19,7 @@ use tower::Layer as _;
 
 use crate::access::{Auth, Authenticate, KeyStore};
 use crate::admin::{AdminKeyCheck, AdminService};
+use crate::deep_health::DeepHealth;
 use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
 use crate::registry::load::LoadDefaults;
@@ -48,6 +49,9 @@ pub struct ServerOptions {
     pub load_defaults: Option<LoadDefaults>,
     /// Where gyre.v1.Responses keeps responses; None: an in-memory store.
     pub store: Option<Arc<Store>>,
+    /// `--deep-health-interval-secs`: probe each generative model through
+    /// its engine and report it in health (see `deep_health`); None: off.
+    pub deep_health: Option<DeepHealth>,
 }
 
 /// The gRPC service over `models`, ready to serve. Once `draining` turns
@@ -100,6 +104,9 @@ pub async fn grpc_service_for(
         .set_serving::<EmbeddingsServer<EmbeddingsService>>()
         .await;
     registry.attach_health(health.clone()).await;
+    if let Some(cfg) = opts.deep_health {
+        crate::deep_health::spawn(registry.clone(), health.clone(), cfg, draining.clone());
+    }
     {
         let mut draining = draining.clone();
         let registry = registry.clone();

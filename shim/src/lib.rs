@@ -24,6 +24,7 @@ pub mod error;
 pub mod extract;
 pub mod guarded;
 pub mod idempotency;
+pub mod keepalive;
 pub mod limits;
 pub mod logging;
 pub mod notice;
@@ -89,6 +90,13 @@ pub struct ShimConfig {
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
     /// `Idempotency-Key` handling (see [`idempotency`]).
     pub idempotency: idempotency::Settings,
+    /// A streamed response with no event this long gets a `: keep-alive`
+    /// comment (see [`keepalive`]); `None`: no heartbeat.
+    pub sse_heartbeat: Option<Duration>,
+    /// Interval of the HTTP/2 PINGs to the gRPC service; `None`: none.
+    pub upstream_keepalive_interval: Option<Duration>,
+    /// How long such a PING may go unanswered.
+    pub upstream_keepalive_timeout: Duration,
 }
 
 /// Largest response header block the shim accepts from the service. h2
@@ -111,6 +119,9 @@ impl ShimConfig {
             body_timeout: Some(Duration::from_secs(30)),
             upstream_tls: None,
             idempotency: idempotency::Settings::default(),
+            sse_heartbeat: Some(keepalive::SSE_HEARTBEAT),
+            upstream_keepalive_interval: Some(keepalive::UPSTREAM_KEEPALIVE_INTERVAL),
+            upstream_keepalive_timeout: keepalive::UPSTREAM_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -132,16 +143,21 @@ pub struct AppState {
     pub(crate) body_timeout: Option<Duration>,
     /// `Idempotency-Key`s and their stored answers.
     pub(crate) idempotency: Arc<idempotency::Store>,
+    pub(crate) sse_heartbeat: Option<Duration>,
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
 /// call, reconnecting as needed), so this succeeds while the service is down.
 pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
-    let endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
+    let mut endpoint = Endpoint::from_shared(cfg.grpc_endpoint.clone())
         .with_context(|| format!("invalid gRPC endpoint {:?}", cfg.grpc_endpoint))?
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true)
         .http2_max_header_list_size(UPSTREAM_MAX_HEADER_LIST_BYTES);
+    if let Some(every) = cfg.upstream_keepalive_interval {
+        endpoint = endpoint
+            .http2_keep_alive_interval(every)
+            .keep_alive_timeout(cfg.upstream_keepalive_timeout)
+            .keep_alive_while_idle(true);
+    }
     let pool = match &cfg.upstream_tls {
         Some(tls) => Pool::connect_lazy_tls(
             &endpoint,
@@ -171,6 +187,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         cors: cors::layer(&cfg.cors_allow_origins)?,
         body_timeout: cfg.body_timeout,
         idempotency: Arc::new(idempotency::Store::new(cfg.idempotency)),
+        sse_heartbeat: cfg.sse_heartbeat,
     })
 }
 

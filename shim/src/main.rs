@@ -95,6 +95,8 @@ struct Args {
     /// Unset: no spans are made.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    keepalive: gyre_shim::keepalive::KeepaliveArgs,
 }
 
 #[tokio::main]
@@ -113,13 +115,16 @@ async fn main() -> anyhow::Result<()> {
     let config = ShimConfig {
         upstream_tls,
         idempotency: args.idempotency.settings(),
+    let mut config = ShimConfig {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         request_timeout: args.request_timeout_secs.map(Duration::from_secs),
         cors_allow_origins: args.cors_allow_origin,
         upstream_connections: usize::from(args.upstream_connections),
         body_timeout: (!args.body_timeout.is_zero()).then_some(args.body_timeout),
+        ..ShimConfig::new("")
     };
+    args.keepalive.apply(&mut config);
     let state = gyre_shim::connect(config).await?;
     let listener = tokio::net::TcpListener::bind(&args.http_addr)
         .await

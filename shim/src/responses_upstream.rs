@@ -12,7 +12,7 @@
 
 use std::convert::Infallible;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, stream};
 use gyre_api::v1 as pb;
@@ -36,6 +36,8 @@ pub struct EventStream {
     /// The sequence number of the last event read.
     last_seq: Option<u64>,
     done: bool,
+    /// The SSE heartbeat's interval (see `keepalive`).
+    heartbeat: Option<std::time::Duration>,
 }
 
 impl EventStream {
@@ -55,6 +57,7 @@ impl EventStream {
             deadline,
             last_seq: None,
             done: false,
+            heartbeat: state.sse_heartbeat,
         };
         this.first = this.read().await?;
         this.started = true;
@@ -145,7 +148,8 @@ impl EventStream {
     /// The SSE answer. `X-Accel-Buffering: no` asks reverse proxies to pass
     /// events on as they come.
     pub fn sse(self) -> Response {
-        let sse = Sse::new(self.sse_events()).keep_alive(KeepAlive::default());
+        let heartbeat = self.heartbeat;
+        let sse = crate::keepalive::heartbeat(Sse::new(self.sse_events()), heartbeat);
         ([("x-accel-buffering", "no")], sse).into_response()
     }
 }

@@ -18,7 +18,7 @@
 
 use std::convert::Infallible;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt, stream};
 use serde::Serialize;
@@ -117,8 +117,10 @@ pub fn response<F: ChunkFormat>(
     n: u32,
     annotations: Annotations,
     format: F,
+    heartbeat: Option<std::time::Duration>,
 ) -> Response {
-    let sse = Sse::new(events(generation, n, annotations, format)).keep_alive(KeepAlive::default());
+    let sse = Sse::new(events(generation, n, annotations, format));
+    let sse = crate::keepalive::heartbeat(sse, heartbeat);
     ([("x-accel-buffering", "no")], sse).into_response()
 }
 

@@ -6,6 +6,8 @@
 //! HTTP/2 stream, which cancels the generation on the service. Nothing else
 //! holds the stream: no task is spawned here.
 
+use std::time::Duration;
+
 use axum::http::HeaderMap;
 use gyre_api::v1::{self as pb, FinishReason, generate_response::Event};
 use tokio::time::Instant;
@@ -169,11 +171,16 @@ impl Generation {
     /// Starts the call and waits for its first step, so that errors the
     /// service reports before any output (bad input, unknown model, queue
     /// full) become HTTP errors rather than errors inside an event stream.
+    /// With `patience`, it waits for the first step that long at most: a
+    /// stream whose request waits longer (in a long queue) starts without
+    /// it, so that its SSE heartbeats flow while it waits; a later error
+    /// is then an error event of the stream.
     pub async fn start(
         state: &AppState,
         headers: &HeaderMap,
         request: pb::Request,
         api: Api,
+        patience: Option<Duration>,
     ) -> Result<Self, ApiError> {
         let deadline = state.request_timeout.map(|t| Instant::now() + t);
         let n = request.n.unwrap_or(1).max(1);
@@ -194,8 +201,14 @@ impl Generation {
             finished: 0,
             usage: Usage::default(),
         };
-        let first = generation.next().await?;
-        generation.peeked.push_front(first);
+        // `next` is cancel-safe: it awaits nothing but the next message.
+        let first = match patience {
+            Some(p) => tokio::time::timeout(p, generation.next()).await.ok(),
+            None => Some(generation.next().await),
+        };
+        if let Some(first) = first {
+            generation.peeked.push_front(first?);
+        }
         Ok(generation)
     }
 
@@ -311,17 +324,19 @@ impl Merged {
         }
     }
 
-    /// Starts one call per request (all must start, else the first error).
+    /// Starts one call per request (all must start, else the first error;
+    /// `patience` as in [`Generation::start`]).
     pub async fn start(
         state: &AppState,
         headers: &HeaderMap,
         requests: Vec<pb::Request>,
         api: Api,
+        patience: Option<Duration>,
     ) -> Result<Self, ApiError> {
         let n = requests.first().and_then(|r| r.n).unwrap_or(1);
         let starts = requests
             .into_iter()
-            .map(|r| Generation::start(state, headers, r, api));
+            .map(|r| Generation::start(state, headers, r, api, patience));
         Ok(Self::new(futures::future::try_join_all(starts).await?, n))
     }
 

@@ -145,9 +145,10 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CreateResponseRequest>,
     ) -> Result<Response<Self::CreateStream>, Status> {
+        let tenant = crate::tenant::Tenant::of(&request);
         let generation = self.generation.for_request(&request);
         let r = request.into_inner();
-        let live = run::start(&generation, &self.store, &self.registry, r).await?;
+        let live = run::start(&generation, &self.store, &self.registry, r, &tenant).await?;
         let cancel_on_drop = !live.background;
         let rx = live.subscribe(None, cancel_on_drop);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -238,7 +239,7 @@ impl Responses for ResponsesService {
     ) -> Result<Response<InputTokenCount>, Status> {
         let r = request.into_inner();
         let resolved = run::resolve(&self.store, &r).await?;
-        let (p, _) = run::prepare(&self.generation, "count", &r, &resolved, false).await?;
+        let (p, _) = run::prepare(&self.generation, "count", &r, &resolved, None).await?;
         Ok(Response::new(InputTokenCount {
             input_tokens: p.engine_req.prompt.len() as u32,
         }))

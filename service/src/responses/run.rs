@@ -23,6 +23,7 @@ use super::{blocking, ids, render, validate};
 use crate::error::ServiceError;
 use crate::grpc::{GenerationService, Mode, STREAM_BUFFER};
 use crate::request::Prepared;
+use crate::tenant::Tenant;
 
 /// A request resolved against the store: its history and input items.
 pub struct Resolved {
@@ -108,13 +109,13 @@ pub async fn resolve(
 
 /// The generation request of `r`, with `truncation: "auto"` dropping the
 /// oldest turns while the prompt does not fit; validated and tokenized.
-/// `submit`: also submit it to the engine.
+/// `submit`: also submit it to the engine, for this tenant.
 pub async fn prepare(
     generation: &GenerationService,
     id: &str,
     r: &CreateResponseRequest,
     resolved: &Resolved,
-    submit: bool,
+    submit: Option<&Tenant>,
 ) -> Result<(Arc<Prepared>, Vec<crate::choice::Choice>), ServiceError> {
     let mut items: Vec<Item> = resolved.history.clone();
     items.extend(resolved.input.iter().cloned());
@@ -122,8 +123,8 @@ pub async fn prepare(
     loop {
         let req =
             render::generation_request(id, r, render::messages(r.instructions.as_deref(), &items));
-        let result = if submit {
-            generation.prepare(req).await
+        let result = if let Some(tenant) = submit {
+            generation.prepare(req, tenant).await
         } else {
             let model = generation.models.runtime(&req.model)?;
             tokio::task::spawn_blocking(move || crate::request::prepare_for(model, &req))
@@ -142,7 +143,9 @@ pub async fn prepare(
             items.remove(0);
             continue;
         }
-        if !submit && let Ok((p, _)) = &result {
+        if submit.is_none()
+            && let Ok((p, _)) = &result
+        {
             // Counting only: the same limit the engine would apply.
             let max = p.model.engine.info().max_model_len as usize;
             if auto && p.engine_req.prompt.len() >= max && items.len() > 1 {
@@ -179,10 +182,11 @@ pub async fn start(
     store: &Arc<Store>,
     registry: &Arc<Registry>,
     r: CreateResponseRequest,
+    tenant: &Tenant,
 ) -> Result<Arc<Live>, ServiceError> {
     let resolved = resolve(store, &r).await?;
     let id = ids::new("resp");
-    let (p, mut choices) = prepare(generation, &id, &r, &resolved, true).await?;
+    let (p, mut choices) = prepare(generation, &id, &r, &resolved, Some(tenant)).await?;
     let background = r.background.unwrap_or(false);
     let stored = r.store.unwrap_or(true);
     let resp = Response {

@@ -35,7 +35,9 @@ pub async fn create(
     }
     let n = proto.n.unwrap_or(1);
     let want_logprobs = proto.logprobs.is_some();
-    let generation = Merged::start(&state, &headers, vec![proto], Api::Chat)
+    // A stream waits for its first step no longer than a heartbeat.
+    let patience = state.sse_heartbeat.filter(|_| mode.stream);
+    let generation = Merged::start(&state, &headers, vec![proto], Api::Chat, patience)
         .await
         .map_err(|e| e.for_model(&meta.model))?;
     let notice = generation.notice().clone();
@@ -51,7 +53,13 @@ pub async fn create(
             list: mode.annotations,
             per_prompt: n,
         };
-        return Ok(notice.apply(sse::response(generation, n, annotations, format)));
+        return Ok(notice.apply(sse::response(
+            generation,
+            n,
+            annotations,
+            format,
+            state.sse_heartbeat,
+        )));
     }
     let out = generation.collect(n).await?;
     let reasoning = out.choices.iter().map(|c| c.reasoning.clone()).collect();

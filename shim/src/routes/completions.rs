@@ -39,7 +39,9 @@ pub async fn create(
     // Choice j of prompt i is choice i * per_prompt + j.
     let n = per_prompt * protos.len() as u32;
     let want_logprobs = protos.first().is_some_and(|p| p.logprobs.is_some());
-    let generation = Merged::start(&state, &headers, protos, Api::Completions)
+    // A stream waits for its first step no longer than a heartbeat.
+    let patience = state.sse_heartbeat.filter(|_| mode.stream);
+    let generation = Merged::start(&state, &headers, protos, Api::Completions, patience)
         .await
         .map_err(|e| e.for_model(&meta.model))?;
     let notice = generation.notice().clone();
@@ -58,7 +60,13 @@ pub async fn create(
             list: mode.annotations,
             per_prompt,
         };
-        return Ok(notice.apply(sse::response(generation, n, annotations, format)));
+        return Ok(notice.apply(sse::response(
+            generation,
+            n,
+            annotations,
+            format,
+            state.sse_heartbeat,
+        )));
     }
     let out = generation.collect(n).await?;
     // With echo, each choice's text (and logprobs listing) starts with the prompt.
