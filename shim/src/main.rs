@@ -112,10 +112,9 @@ async fn main() -> anyhow::Result<()> {
     )?
     .map(|t| t.acceptor(false))
     .transpose()?;
-    let config = ShimConfig {
+    let mut config = ShimConfig {
         upstream_tls,
         idempotency: args.idempotency.settings(),
-    let mut config = ShimConfig {
         grpc_endpoint: args.grpc_endpoint,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         request_timeout: args.request_timeout_secs.map(Duration::from_secs),
