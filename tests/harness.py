@@ -60,7 +60,7 @@ def _native_buf(buf: Path) -> Path:
 BUF = _native_buf(BUF)
 
 STARTUP_TIMEOUT_S = 60.0
-ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP) listening on (http://\S+)\s*$")
+ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP|metrics) listening on (http://\S+)\s*$")
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -88,6 +88,7 @@ class Server:
     stderr_path: Path
     grpc: str | None = None  # "127.0.0.1:PORT"
     http: str | None = None
+    metrics: str | None = None  # --metrics-addr, when given
     _lines: queue.Queue = field(default_factory=queue.Queue)
 
     @classmethod
@@ -137,6 +138,7 @@ class Server:
             if m:
                 found[m.group(2)] = m.group(3).removeprefix("http://")
         self.grpc, self.http = found.get("gRPC"), found.get("HTTP")
+        self.metrics = found.get("metrics")
 
     @property
     def pid(self) -> int:

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc, watch};
@@ -210,7 +211,11 @@ impl Worker {
 
     fn accept(&mut self, cmd: Command) {
         match cmd {
-            Command::Add { req, mut events } => {
+            Command::Add {
+                req,
+                mut events,
+                submitted,
+            } => {
                 let id = self.next_id;
                 self.next_id += 1;
                 // Prompt logprobs need every prompt position computed: a salt
@@ -245,6 +250,9 @@ impl Worker {
                         forks,
                         prompt_lp_done: 0,
                         queued: true,
+                        submitted,
+                        scheduled: None,
+                        first_token: None,
                     },
                 );
             }
@@ -315,6 +323,12 @@ impl Worker {
             .enumerate()
             .map(|(i, s)| (s.id, i))
             .collect();
+        let now = Instant::now();
+        for &(id, _) in runs {
+            if let Some(g) = self.gens.get_mut(&id) {
+                g.scheduled.get_or_insert(now);
+            }
+        }
         let mut inputs = Vec::with_capacity(runs.len());
         let mut rows = Vec::new();
         let mut sampled = Vec::new();
@@ -400,6 +414,9 @@ impl Worker {
                     forks: Vec::new(),
                     prompt_lp_done: g.prompt_lp_done,
                     queued: false,
+                    submitted: g.submitted,
+                    scheduled: g.scheduled,
+                    first_token: None,
                 };
                 let tok = match sample_next(&mut cg, row) {
                     Ok(t) => t,
@@ -440,6 +457,7 @@ impl Worker {
             }
             self.fail(id, e);
         }
+        let end = Instant::now();
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {
                 continue;
@@ -457,7 +475,12 @@ impl Worker {
                     completion_tokens: g.generated,
                     cached_tokens: s.cached_tokens as u32,
                 };
-                let _ = g.events.send(Event::Finished { reason, usage });
+                let timings = g.timings(end);
+                let _ = g.events.send(Event::Finished {
+                    reason,
+                    usage,
+                    timings,
+                });
             }
         }
         Ok(())

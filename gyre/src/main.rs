@@ -25,6 +25,8 @@ use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod metrics_args;
+
 #[derive(Parser)]
 #[command(name = "gyre", version, about = "gRPC-first LLM inference server")]
 struct Cli {
@@ -195,6 +197,9 @@ struct GrpcArgs {
     /// The Responses API's store.
     #[command(flatten)]
     responses: ResponsesArgs,
+    /// Prometheus metrics.
+    #[command(flatten)]
+    metrics: metrics_args::MetricsArgs,
 }
 
 /// Where the Responses API keeps responses and conversations, and how many.
@@ -535,10 +540,14 @@ async fn run() -> anyhow::Result<()> {
         Command::Grpc { model, grpc } => (model, grpc, None),
     };
     let limits = grpc.conn.limits();
+    let metrics = grpc.metrics.install()?;
     let mut specs = model_specs(&model)?;
     let embedders = load_embedders(&mut specs, &model, cli.log_format).await?;
     let defaults = load_defaults(&model, cli.log_format)?;
     let registry = Arc::new(load::load_all(specs, &defaults).await?);
+    if let Some(m) = &metrics {
+        metrics_args::collect_engines(m, &registry);
+    }
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
@@ -600,6 +609,22 @@ async fn run() -> anyhow::Result<()> {
         shutdown_signal(stop_rx.clone()),
     ));
     announce(format!("gyre: gRPC listening on http://{grpc_local}"));
+    let metrics_task = match (&metrics, &grpc.metrics.metrics_addr) {
+        (Some(m), Some(addr)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot bind metrics address {addr}"))?;
+            let local = listener.local_addr()?;
+            announce(format!("gyre: metrics listening on http://{local}"));
+            Some(tokio::spawn(gyre_shim::metrics::serve_separately(
+                listener,
+                m.clone(),
+                limits,
+                shutdown_signal(stop_rx.clone()),
+            )))
+        }
+        _ => None,
+    };
 
     let http_task = match http {
         Some((addr, http)) => {
@@ -612,7 +637,7 @@ async fn run() -> anyhow::Result<()> {
             cfg.cors_allow_origins = http.cors_allow_origin;
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
-            let state = gyre_shim::connect(cfg).await?;
+            let state = gyre_shim::connect(cfg).await?.with_metrics(metrics);
             announce(format!("gyre: HTTP listening on http://{local}"));
             Some(tokio::spawn(gyre_shim::serve(
                 listener,
@@ -626,6 +651,9 @@ async fn run() -> anyhow::Result<()> {
     grpc_task.await?;
     if let Some(t) = http_task {
         t.await??;
+    }
+    if let Some(t) = metrics_task {
+        t.await?;
     }
     Ok(())
 }

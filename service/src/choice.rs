@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::error::ServiceError;
 use crate::grpc::{Mode, Out, Tag, event, fail};
+use crate::metrics::ChoiceMetrics;
 use crate::pipeline::{Config, Output, Pipeline};
 use crate::request::Prepared;
 
@@ -74,6 +75,7 @@ pub(crate) async fn run(
     let mut generated = 0u32;
     let mut cached = 0u32;
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
+    let mut m = ChoiceMetrics::new(&p.model.id, p.arrived, tag.index == 0);
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
     let finish = |pipe: &Pipeline,
                   reason: FinishReason,
@@ -98,6 +100,7 @@ pub(crate) async fn run(
         let ev = tokio::select! {
             biased;
             _ = cancelled(&mut cancel) => {
+                m.ended(Some("abort"), generated);
                 let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
@@ -105,12 +108,14 @@ pub(crate) async fn run(
             // The call's deadline (grpc-timeout) passed: end it, which also
             // cancels the sequence in the engine.
             _ = &mut expired => {
+                m.ended(Some("abort"), generated);
                 fail(&tag, &out, mode, ServiceError::DeadlineExceeded(generated)).await;
                 return;
             }
             // The client went away: returning drops `events`, which cancels
             // the sequence in the engine.
             _ = out.closed() => {
+                m.ended(Some("abort"), generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }
@@ -120,6 +125,7 @@ pub(crate) async fn run(
         let (msgs, last) = match ev {
             Some(Event::Prefilled { cached_tokens }) => {
                 cached = cached_tokens;
+                m.prefilled(prompt_tokens, cached_tokens);
                 let Some(text) = p.echo.clone() else {
                     continue;
                 };
@@ -147,6 +153,7 @@ pub(crate) async fn run(
             }
             Some(Event::Token(t)) => {
                 generated += 1;
+                m.token();
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
                     // The stop token's text is never shown; Finished follows.
                     continue;
@@ -154,6 +161,7 @@ pub(crate) async fn run(
                 let o = match pipe.push_token(&tok, t) {
                     Ok(o) => o,
                     Err(e) => {
+                        m.ended(None, generated);
                         let e = ServiceError::Internal(format!("detokenize: {e}"));
                         fail(&tag, &out, mode, e).await;
                         return;
@@ -165,12 +173,17 @@ pub(crate) async fn run(
                     None => (vec![d], false),
                     Some(s) => {
                         let reason = pipe.stop_reason();
+                        m.ended(Some(reason_label(reason)), generated);
                         let f = finish(&pipe, reason, generated, cached, Some(s), None);
                         (vec![d, f], true)
                     }
                 }
             }
-            Some(Event::Finished { reason, usage: u }) => {
+            Some(Event::Finished {
+                reason,
+                usage: u,
+                timings,
+            }) => {
                 let o = pipe.finish(&tok);
                 let (matched, stop_id) = match (&o.stop, reason) {
                     (Some(s), _) => (Some(s.clone()), None),
@@ -181,6 +194,7 @@ pub(crate) async fn run(
                     (None, EngineFinish::Length) => FinishReason::Length,
                     _ => pipe.stop_reason(),
                 };
+                m.finished(reason_label(why), u, timings);
                 let f = finish(
                     &pipe,
                     why,
@@ -199,17 +213,20 @@ pub(crate) async fn run(
                 (msgs, true)
             }
             Some(Event::Failed(e)) => {
+                m.ended(None, generated);
                 fail(&tag, &out, mode, ServiceError::Engine(e)).await;
                 return;
             }
             None => {
+                m.ended(None, generated);
                 let e = ServiceError::Internal("engine dropped the request".into());
                 fail(&tag, &out, mode, e).await;
                 return;
             }
         };
-        for m in msgs {
-            if out.send(Ok(event(&tag, m))).await.is_err() {
+        for msg in msgs {
+            if out.send(Ok(event(&tag, msg))).await.is_err() {
+                m.ended(Some("abort"), generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }
@@ -217,6 +234,17 @@ pub(crate) async fn run(
         if last {
             return;
         }
+    }
+}
+
+/// The `finished_reason` label of a finish reason (vLLM's names).
+fn reason_label(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Cancelled => "abort",
+        FinishReason::Error => "error",
+        FinishReason::Stop | FinishReason::Unspecified => "stop",
     }
 }
 

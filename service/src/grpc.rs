@@ -107,15 +107,17 @@ impl GenerationService {
         &self,
         req: v1::Request,
     ) -> Result<(Arc<Prepared>, Vec<Choice>, Arc<Entry>), ServiceError> {
+        let arrived = std::time::Instant::now();
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
         self.check_kind(&req.model)?;
         let entry = self.models.resolve(&req.model)?;
         let model = entry.generative_runtime()?.clone();
-        let prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
+        let mut prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        prepared.arrived = arrived;
         let rxs = prepared
             .model
             .engine
@@ -165,8 +167,11 @@ pub(crate) fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
     }
 }
 
+/// A request's failure on the multiplexed stream (counted as an error, as
+/// a status is).
 pub(crate) fn request_error(e: &ServiceError) -> v1::RequestError {
     let (code, reason, field, message) = e.parts();
+    crate::metrics::error(reason);
     v1::RequestError {
         code: code as i32,
         message: crate::error::bounded(message, crate::error::MAX_MESSAGE_BYTES),

@@ -16,6 +16,7 @@ pub mod embeddings_grpc;
 pub mod error;
 pub mod grpc;
 pub mod holdback;
+pub mod metrics;
 pub mod multiplex;
 pub mod pipeline;
 pub mod reasoning;

@@ -32,6 +32,9 @@ pub struct Prepared {
     pub tool_format: Option<ToolFormat>,
     /// How to split reasoning from the answer, when this request's is parsed.
     pub reasoning: Option<Reasoning>,
+    /// When the service received the request (the start of its latency
+    /// and time to first token).
+    pub arrived: std::time::Instant,
 }
 
 /// What a request's tools ask for.
@@ -493,5 +496,6 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         tool_format,
         echo,
         reasoning,
+        arrived: std::time::Instant::now(),
     })
 }

@@ -23,6 +23,7 @@ pub mod extract;
 pub mod guarded;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod notice;
 pub mod openai;
 pub mod pool;
@@ -117,6 +118,17 @@ pub struct AppState {
     /// The CORS layer, when origins are configured.
     pub(crate) cors: Option<tower_http::cors::CorsLayer>,
     pub(crate) body_timeout: Option<Duration>,
+    /// The process's metrics, rendered at `/metrics` (None: metrics off,
+    /// `/metrics` is a 404).
+    pub(crate) metrics: Option<metrics::Metrics>,
+}
+
+impl AppState {
+    /// The same state, rendering `metrics` at `/metrics`.
+    pub fn with_metrics(mut self, metrics: Option<metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
@@ -148,6 +160,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         request_timeout: cfg.request_timeout,
         cors: cors::layer(&cfg.cors_allow_origins)?,
         body_timeout: cfg.body_timeout,
+        metrics: None,
     })
 }
 
@@ -167,7 +180,11 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
         .route("/health", get(routes::tokens::health))
-        .route("/version", get(routes::tokens::version));
+        .route("/version", get(routes::tokens::version))
+        .route(
+            "/metrics",
+            get(|State(s): State<AppState>| metrics::handler(s.metrics)),
+        );
     let router = responses_routes(router)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
@@ -177,6 +194,11 @@ pub fn router(state: AppState) -> Router {
     let router = match state.cors.clone() {
         Some(cors) => router.layer(cors),
         None => router,
+    };
+    let router = if state.metrics.is_some() {
+        router.layer(middleware::from_fn(metrics::count_requests))
+    } else {
+        router
     };
     router.layer(TraceLayer::new_for_http()).with_state(state)
 }

@@ -57,6 +57,14 @@ struct Args {
 
     #[command(flatten)]
     conn: gyre_shim::conn::ConnArgs,
+
+    /// Record no metrics (`/metrics` answers 404). The standalone shim's
+    /// metrics are its HTTP requests; the service's are on its own process.
+    #[arg(long, env = "GYRE_DISABLE_METRICS")]
+    disable_metrics: bool,
+    /// Render the metrics vLLM also has as `vllm:<name>` (see README).
+    #[arg(long, env = "GYRE_METRICS_VLLM_NAMES")]
+    metrics_vllm_names: bool,
 }
 
 #[tokio::main]
@@ -71,7 +79,11 @@ async fn main() -> anyhow::Result<()> {
         upstream_connections: usize::from(args.upstream_connections),
         body_timeout: (!args.body_timeout.is_zero()).then_some(args.body_timeout),
     };
-    let state = gyre_shim::connect(config).await?;
+    let metrics = match args.disable_metrics {
+        true => None,
+        false => Some(gyre_shim::metrics::install(args.metrics_vllm_names)?),
+    };
+    let state = gyre_shim::connect(config).await?.with_metrics(metrics);
     let listener = tokio::net::TcpListener::bind(&args.http_addr)
         .await
         .with_context(|| format!("cannot bind HTTP address {}", args.http_addr))?;
