@@ -112,6 +112,8 @@ def test_metrics_after_real_requests_have_every_name_label_and_count(server):
     types, samples = parse(reply.body.decode())
     for name, kind in EXPECTED.items():
         assert types.get(name) == kind, f"{name}: {types.get(name)} in\n{reply.body.decode()}"
+    helped = {line.split(" ")[2] for line in reply.body.decode().splitlines() if line.startswith("# HELP ")}
+    assert set(EXPECTED) <= helped, set(EXPECTED) - helped
     engine_names = [n for n in EXPECTED if n not in ("gyre:request_errors_total", "gyre:http_requests_total")]
     for name in engine_names:
         labelled = [l for n, l, _ in samples if n.startswith(name)]

@@ -33,8 +33,10 @@ impl MetricsArgs {
             }
             return Ok(None);
         }
+        let metrics = gyre_shim::metrics::install(self.metrics_vllm_names)?;
         gyre_service::metrics::describe();
-        Ok(Some(gyre_shim::metrics::install(self.metrics_vllm_names)?))
+        metrics.publish_descriptions();
+        Ok(Some(metrics))
     }
 }
 

@@ -99,6 +99,12 @@ impl Metrics {
         }))
     }
 
+    /// Publishes the help texts described since the last upkeep (they show
+    /// from the next render on; the upkeep task also does this every 5 s).
+    pub fn publish_descriptions(&self) {
+        self.0.handle.run_upkeep();
+    }
+
     /// Runs `collector` before every render from now on.
     pub fn add_collector(&self, collector: Collector) {
         if let Ok(mut list) = self.0.collectors.write() {
