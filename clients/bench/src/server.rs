@@ -110,7 +110,7 @@ impl Server {
     }
 
     /// CPU time (user + system) of the process's threads whose name starts
-    /// with `prefix` (e.g. `tokio-runtime` for the async and blocking
+    /// with `prefix` (e.g. `tokio-` for the async and blocking
     /// workers that carry requests, not the engine's compute threads),
     /// from `/proc/<pid>/task`; None where that cannot be read.
     pub fn thread_cpu_seconds(&self, prefix: &str) -> Option<f64> {

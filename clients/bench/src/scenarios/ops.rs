@@ -10,7 +10,7 @@
 //! machine's load falls on both. Reported, as medians over the pairs of
 //! rounds run back to back: the output tok/s of each and their ratio
 //! (target >= 0.98), and the CPU time per streamed token of the threads that
-//! carry requests (tokio's workers and blocking pool: HTTP, auth, the gRPC
+//! carry requests (tokio's workers and blocking pool, `tokio-*`: HTTP, auth, the gRPC
 //! hop, metrics, rendering `/metrics`, tracing), on minus off (target <= 20
 //! µs). The engine's compute threads do the same work in both and are left
 //! out of that figure, as its noise (milliseconds of CPU per token on a
@@ -43,9 +43,9 @@ struct Side {
     wall_us_per_token: Vec<f64>,
 }
 
-/// Threads that carry requests (tokio names its workers and blocking
-/// threads `tokio-runtime-worker`, cut to 15 bytes by the kernel).
-const SERVING_THREADS: &str = "tokio-runtime";
+/// Threads that carry requests: tokio's workers and blocking threads
+/// (`tokio-rt-worker`; older tokio: `tokio-runtime-worker`).
+const SERVING_THREADS: &str = "tokio-";
 
 /// The value following `flag` in `args`.
 fn flag_value(args: &[String], flag: &str) -> Option<String> {
