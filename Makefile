@@ -17,7 +17,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv node models clients build serve test test-rust test-e2e test-fuzz lint bench
+.PHONY: help setup venv node models clients build serve test test-rust test-e2e test-fuzz lint bench prometheus
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -61,7 +61,17 @@ serve: setup build
 test-rust: setup
 	$(CARGO) test --release --workspace
 
-test-e2e: setup build
+# Prometheus (the Debian package), which tests/test_metrics.py runs to scrape
+# gyre: installed with apt-get when missing and running as root (CI); else
+# this says how, and that test fails with the same message.
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus \
+	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; \
+	  else echo "prometheus is not installed (apt-get install prometheus): tests/test_metrics.py will fail"; fi; }
+
+test-e2e: setup build prometheus
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_MODELS=$(MODELS) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests

@@ -60,7 +60,7 @@ def _native_buf(buf: Path) -> Path:
 BUF = _native_buf(BUF)
 
 STARTUP_TIMEOUT_S = 60.0
-ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP) listening on (https?)://(\S+)\s*$")
+ANNOUNCE = re.compile(r"^(gyre|gyre-shim): (gRPC|HTTP|metrics) listening on (https?)://(\S+)\s*$")
 
 
 def require_file(path: Path, what: str) -> Path:
@@ -89,6 +89,7 @@ class Server:
     grpc: str | None = None  # "127.0.0.1:PORT"
     http: str | None = None
     scheme: str = "http"  # "https" when the server announced TLS
+    metrics: str | None = None  # --metrics-addr, when given
     _lines: queue.Queue = field(default_factory=queue.Queue)
 
     @classmethod
@@ -137,8 +138,10 @@ class Server:
             m = ANNOUNCE.match(line)
             if m:
                 found[m.group(2)] = m.group(4)
-                self.scheme = m.group(3)
+                if m.group(2) != "metrics":
+                    self.scheme = m.group(3)
         self.grpc, self.http = found.get("gRPC"), found.get("HTTP")
+        self.metrics = found.get("metrics")
 
     @property
     def pid(self) -> int:

@@ -35,6 +35,7 @@ mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
@@ -283,6 +284,19 @@ pub struct Usage {
     pub cached_tokens: u32,
 }
 
+/// How long a finished sequence spent in each phase, as the engine thread
+/// measured it (what the metrics' queue, prefill and decode times report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timings {
+    /// From `submit` to the first step that ran any of its tokens.
+    pub queued: Duration,
+    /// From that step to its first sampled token (prefill, in chunks when
+    /// long, and any wait between chunks).
+    pub prefill: Duration,
+    /// From its first sampled token to its last.
+    pub decode: Duration,
+}
+
 /// What the engine tells a request, in order: tokens, then one `Finished` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
@@ -304,6 +318,7 @@ pub enum Event {
     Finished {
         reason: FinishReason,
         usage: Usage,
+        timings: Timings,
     },
     Failed(EngineError),
 }
@@ -313,6 +328,8 @@ pub(crate) enum Command {
     Add {
         req: GenerateRequest,
         events: Vec<mpsc::UnboundedSender<Event>>,
+        /// When `submit` took it (the start of its queue time).
+        submitted: Instant,
     },
 }
 
@@ -416,7 +433,11 @@ impl Engine {
             return Err(EngineError::QueueFull);
         }
         self.tx
-            .try_send(Command::Add { req, events })
+            .try_send(Command::Add {
+                req,
+                events,
+                submitted: Instant::now(),
+            })
             .map_err(|e| {
                 self.admission.leave(1);
                 match e {

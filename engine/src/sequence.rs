@@ -3,11 +3,13 @@
 //! within its constraint, log-probabilities, stop and length checks). The
 //! scheduler keeps its tokens and blocks (`scheduler::SeqState`).
 
+use std::time::Instant;
+
 use tokio::sync::mpsc;
 
 use crate::sampler::Sampler;
 use crate::scheduler::SeqState;
-use crate::{EngineError, EngineStats, Event, FinishReason, GenerateRequest};
+use crate::{EngineError, EngineStats, Event, FinishReason, GenerateRequest, Timings};
 
 /// Generation state of a sequence (the scheduler keeps the rest).
 pub(crate) struct Gen {
@@ -23,8 +25,23 @@ pub(crate) struct Gen {
     pub prompt_lp_done: usize,
     /// Not started yet: counted as waiting by admission.
     pub queued: bool,
-    /// When the sequence was first scheduled (set by the worker's step).
-    pub started: Option<std::time::Instant>,
+    /// When it was submitted, first scheduled, and sampled its first token.
+    pub submitted: Instant,
+    pub scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
+}
+
+impl Gen {
+    /// Its phases' durations when it ends at `end`.
+    pub(crate) fn timings(&self, end: Instant) -> Timings {
+        let scheduled = self.scheduled.unwrap_or(self.submitted);
+        let first = self.first_token.unwrap_or(end);
+        Timings {
+            queued: scheduled.saturating_duration_since(self.submitted),
+            prefill: first.saturating_duration_since(scheduled),
+            decode: end.saturating_duration_since(first),
+        }
+    }
 }
 
 /// Rows of prompt positions converted to logits at once (bounds the memory
@@ -80,8 +97,9 @@ pub(crate) fn take_token(
     stats: &mut EngineStats,
 ) -> Option<Option<FinishReason>> {
     if g.generated == 0 {
+        g.first_token = Some(Instant::now());
         let cached_tokens = s.cached_tokens as u32;
-        let started = g.started.unwrap_or_else(std::time::Instant::now);
+        let started = g.scheduled.unwrap_or_else(std::time::Instant::now);
         let _ = g.events.send(Event::Prefilled {
             cached_tokens,
             started,

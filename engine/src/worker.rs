@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use tokio::sync::{mpsc, watch};
@@ -199,13 +200,6 @@ impl Worker {
                 continue;
             }
             let step_tokens: usize = plan.runs.iter().map(|r| r.1).sum();
-            // Sequences scheduled for the first time start their prefill now.
-            let now = std::time::Instant::now();
-            for s in &self.running {
-                if let Some(g) = self.gens.get_mut(&s.id).filter(|g| g.queued) {
-                    g.started.get_or_insert(now);
-                }
-            }
             if let Err(e) = self.execute(&plan.copies, &plan.runs) {
                 tracing::error!(error = %e, "engine step failed");
                 for mut s in std::mem::take(&mut self.running) {
@@ -219,7 +213,11 @@ impl Worker {
 
     fn accept(&mut self, cmd: Command) {
         match cmd {
-            Command::Add { req, mut events } => {
+            Command::Add {
+                req,
+                mut events,
+                submitted,
+            } => {
                 let id = self.next_id;
                 self.next_id += 1;
                 // Prompt logprobs need every prompt position computed: a salt
@@ -255,7 +253,9 @@ impl Worker {
                         forks,
                         prompt_lp_done: 0,
                         queued: true,
-                        started: None,
+                        submitted,
+                        scheduled: None,
+                        first_token: None,
                     },
                 );
             }
@@ -377,6 +377,12 @@ impl Worker {
             .enumerate()
             .map(|(i, s)| (s.id, i))
             .collect();
+        let now = Instant::now();
+        for &(id, _) in runs {
+            if let Some(g) = self.gens.get_mut(&id) {
+                g.scheduled.get_or_insert(now);
+            }
+        }
         let mut inputs = Vec::with_capacity(runs.len());
         let mut rows = Vec::new();
         let mut sampled = Vec::new();
@@ -486,7 +492,9 @@ impl Worker {
                     forks: Vec::new(),
                     prompt_lp_done: g.prompt_lp_done,
                     queued: false,
-                    started: g.started,
+                    submitted: g.submitted,
+                    scheduled: g.scheduled,
+                    first_token: None,
                 };
                 let tok = match sample_next(&mut cg, row) {
                     Ok(t) => t,
@@ -527,6 +535,7 @@ impl Worker {
             }
             self.fail(id, e);
         }
+        let end = Instant::now();
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.id == id) else {
                 continue;
@@ -544,7 +553,12 @@ impl Worker {
                     completion_tokens: g.generated,
                     cached_tokens: s.cached_tokens as u32,
                 };
-                let _ = g.events.send(Event::Finished { reason, usage });
+                let timings = g.timings(end);
+                let _ = g.events.send(Event::Finished {
+                    reason,
+                    usage,
+                    timings,
+                });
             }
         }
         Ok(())

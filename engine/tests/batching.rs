@@ -60,7 +60,7 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
             Event::Prefilled { cached_tokens, .. } => cached = cached_tokens,
             Event::Logprobs(_) | Event::PromptLogprobs(_) => {}
             Event::Token(t) => tokens.push(t),
-            Event::Finished { reason, usage } => {
+            Event::Finished { reason, usage, .. } => {
                 assert_eq!(usage.completion_tokens as usize, tokens.len());
                 assert_eq!(usage.cached_tokens, cached);
                 return Outcome {

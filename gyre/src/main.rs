@@ -24,6 +24,8 @@ use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod metrics_args;
+
 #[derive(Parser)]
 #[command(name = "gyre", version, about = "gRPC-first LLM inference server")]
 struct Cli {
@@ -268,6 +270,9 @@ struct GrpcArgs {
     /// HTTP port does not ask for client certificates.
     #[arg(long, env = "GYRE_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<std::path::PathBuf>,
+    /// Prometheus metrics.
+    #[command(flatten)]
+    metrics: metrics_args::MetricsArgs,
 }
 
 /// Where the Responses API keeps responses and conversations, and how many.
@@ -595,6 +600,7 @@ async fn run() -> anyhow::Result<()> {
         None => None,
     };
     let limits = grpc.conn.limits();
+    let metrics = grpc.metrics.install()?;
     // Read before the models load, so that a bad path fails the start at once.
     let tls = gyre_shim::tls::ServerTls::from_flags(
         grpc.tls.tls_cert.as_deref(),
@@ -604,6 +610,9 @@ async fn run() -> anyhow::Result<()> {
     let specs = model_specs(&model)?;
     let defaults = load_defaults(&model, cli.log_format)?;
     let registry = Arc::new(load::load_all(specs, &defaults).await?);
+    if let Some(m) = &metrics {
+        metrics_args::collect_engines(m, &registry);
+    }
     {
         // Stop once draining and every running request has finished (or
         // the drain timeout passed).
@@ -666,6 +675,22 @@ async fn run() -> anyhow::Result<()> {
         shutdown_signal(stop_rx.clone()),
     ));
     announce(format!("gyre: gRPC listening on {scheme}://{grpc_local}"));
+    let metrics_task = match (&metrics, &grpc.metrics.metrics_addr) {
+        (Some(m), Some(addr)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot bind metrics address {addr}"))?;
+            let local = listener.local_addr()?;
+            announce(format!("gyre: metrics listening on http://{local}"));
+            Some(tokio::spawn(gyre_shim::metrics::serve_separately(
+                listener,
+                m.clone(),
+                limits,
+                shutdown_signal(stop_rx.clone()),
+            )))
+        }
+        _ => None,
+    };
 
     let http_task = match http {
         Some((addr, http)) => {
@@ -681,7 +706,7 @@ async fn run() -> anyhow::Result<()> {
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
             http.keepalive.apply(&mut cfg);
-            let state = gyre_shim::connect(cfg).await?;
+            let state = gyre_shim::connect(cfg).await?.with_metrics(metrics);
             announce(format!("gyre: HTTP listening on {scheme}://{local}"));
             let http_tls = tls.as_ref().map(|t| t.acceptor(false)).transpose()?;
             Some(tokio::spawn(gyre_shim::serve_tls(
@@ -697,6 +722,9 @@ async fn run() -> anyhow::Result<()> {
     grpc_task.await?;
     if let Some(t) = http_task {
         t.await??;
+    }
+    if let Some(t) = metrics_task {
+        t.await?;
     }
     if let Some(t) = telemetry {
         tokio::task::spawn_blocking(move || t.shutdown()).await?;

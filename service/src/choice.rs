@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::error::ServiceError;
 use crate::grpc::{Mode, Out, Tag, event, fail};
+use crate::metrics::ChoiceMetrics;
 use crate::observe::ChoiceRecorder;
 use crate::pipeline::{Config, Output, Pipeline};
 use crate::request::Prepared;
@@ -76,6 +77,7 @@ pub(crate) async fn run(
     let mut generated = 0u32;
     let mut cached = 0u32;
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
+    let mut m = ChoiceMetrics::new(&p.model.id, p.arrived, tag.index == 0);
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
     let finish = |pipe: &Pipeline,
                   reason: FinishReason,
@@ -101,6 +103,7 @@ pub(crate) async fn run(
             biased;
             _ = cancelled(&mut cancel) => {
                 rec.finished(FinishReason::Cancelled, generated);
+                m.ended(Some("abort"), generated);
                 let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
@@ -109,6 +112,7 @@ pub(crate) async fn run(
             // cancels the sequence in the engine.
             _ = &mut expired => {
                 rec.failed(tonic::Code::DeadlineExceeded, generated);
+                m.ended(Some("abort"), generated);
                 fail(&tag, &out, mode, ServiceError::DeadlineExceeded(generated)).await;
                 return;
             }
@@ -116,6 +120,7 @@ pub(crate) async fn run(
             // the sequence in the engine.
             _ = out.closed() => {
                 rec.failed(tonic::Code::Cancelled, generated);
+                m.ended(Some("abort"), generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }
@@ -129,6 +134,7 @@ pub(crate) async fn run(
             }) => {
                 rec.prefilled(started);
                 cached = cached_tokens;
+                m.prefilled(prompt_tokens, cached_tokens);
                 let Some(text) = p.echo.clone() else {
                     continue;
                 };
@@ -160,6 +166,7 @@ pub(crate) async fn run(
                     a.generated();
                 }
                 rec.token();
+                m.token();
                 if p.engine_req.stop_token_ids.contains(&t) || is_eos(&p, t) {
                     // The stop token's text is never shown; Finished follows.
                     continue;
@@ -168,6 +175,7 @@ pub(crate) async fn run(
                     Ok(o) => o,
                     Err(e) => {
                         rec.failed(tonic::Code::Internal, generated);
+                        m.ended(None, generated);
                         let e = ServiceError::Internal(format!("detokenize: {e}"));
                         fail(&tag, &out, mode, e).await;
                         return;
@@ -181,12 +189,17 @@ pub(crate) async fn run(
                     Some(s) => {
                         let reason = pipe.stop_reason();
                         rec.finished(reason, generated);
+                        m.ended(Some(reason_label(reason)), generated);
                         let f = finish(&pipe, reason, generated, cached, Some(s), None);
                         (vec![d, f], true)
                     }
                 }
             }
-            Some(Event::Finished { reason, usage: u }) => {
+            Some(Event::Finished {
+                reason,
+                usage: u,
+                timings,
+            }) => {
                 let o = rec.detokenize(|| pipe.finish(&tok));
                 rec.text(&o.text);
                 let (matched, stop_id) = match (&o.stop, reason) {
@@ -199,6 +212,7 @@ pub(crate) async fn run(
                     _ => pipe.stop_reason(),
                 };
                 rec.finished(why, u.completion_tokens);
+                m.finished(reason_label(why), u, timings);
                 let f = finish(
                     &pipe,
                     why,
@@ -219,19 +233,22 @@ pub(crate) async fn run(
             Some(Event::Failed(e)) => {
                 let e = ServiceError::Engine(e);
                 rec.failed(e.parts().0, generated);
+                m.ended(None, generated);
                 fail(&tag, &out, mode, e).await;
                 return;
             }
             None => {
                 rec.failed(tonic::Code::Internal, generated);
+                m.ended(None, generated);
                 let e = ServiceError::Internal("engine dropped the request".into());
                 fail(&tag, &out, mode, e).await;
                 return;
             }
         };
-        for m in msgs {
-            if out.send(Ok(event(&tag, m))).await.is_err() {
+        for msg in msgs {
+            if out.send(Ok(event(&tag, msg))).await.is_err() {
                 rec.failed(tonic::Code::Cancelled, generated);
+                m.ended(Some("abort"), generated);
                 tracing::info!(request_id = %id, generated, "client went away; request cancelled");
                 return;
             }
@@ -239,6 +256,17 @@ pub(crate) async fn run(
         if last {
             return;
         }
+    }
+}
+
+/// The `finished_reason` label of a finish reason (vLLM's names).
+fn reason_label(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Cancelled => "abort",
+        FinishReason::Error => "error",
+        FinishReason::Stop | FinishReason::Unspecified => "stop",
     }
 }
 

@@ -268,6 +268,7 @@ pub fn bounded(mut s: String, max: usize) -> String {
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Self {
         let (code, reason, field, message) = e.parts();
+        crate::metrics::error(reason);
         if code == Code::Internal {
             tracing::error!(error = %e, "request failed");
         }

@@ -108,6 +108,7 @@ impl GenerationService {
         req: v1::Request,
         tenant: &Tenant,
     ) -> Result<(Arc<Prepared>, Vec<Choice>, Arc<Entry>), ServiceError> {
+        let arrived = std::time::Instant::now();
         if *self.draining.borrow() {
             return Err(ServiceError::Draining);
         }
@@ -117,6 +118,7 @@ impl GenerationService {
         let mut prepared = tokio::task::spawn_blocking(move || request::prepare_for(model, &req))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        prepared.arrived = arrived;
         if let Some(caller) = &self.caller {
             // The most the request may use: its prompt and every choice's
             // max_tokens.
@@ -206,8 +208,11 @@ pub(crate) fn event(tag: &Tag, ev: Ev) -> GenerateResponse {
     }
 }
 
+/// A request's failure on the multiplexed stream (counted as an error, as
+/// a status is).
 pub(crate) fn request_error(e: &ServiceError) -> v1::RequestError {
     let (code, reason, field, message) = e.parts();
+    crate::metrics::error(reason);
     v1::RequestError {
         code: code as i32,
         message: crate::error::bounded(message, crate::error::MAX_MESSAGE_BYTES),

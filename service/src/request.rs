@@ -35,6 +35,9 @@ pub struct Prepared {
     /// The request's admission against its tenant's quotas (keys file
     /// only); settles when the last choice lets go of the request.
     pub admission: Option<crate::access::Admission>,
+    /// When the service received the request (the start of its latency
+    /// and time to first token).
+    pub arrived: std::time::Instant,
 }
 
 /// What a request's tools ask for.
@@ -544,5 +547,6 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         echo,
         reasoning,
         admission: None,
+        arrived: std::time::Instant::now(),
     })
 }

@@ -44,12 +44,10 @@ pub struct ApiError {
     code: Option<String>,
     /// Seconds for the `Retry-After` header.
     retry_after: Option<u64>,
-    /// Headers the service sent with the status (the `x-ratelimit-*` ones;
-    /// boxed: most errors have none, and errors stay small).
+    /// Headers the service sent with the status (the `x-ratelimit-*` ones,
+    /// and `X-Queue-Position` of a `queue_full` 429; boxed: most errors
+    /// have none, and errors stay small).
     headers: Option<Box<Headers>>,
-    /// `X-Queue-Position` of a `queue_full` 429 (the service's
-    /// `x-queue-position` metadata).
-    queue_position: Option<u32>,
 }
 
 /// Headers an error carries besides `Retry-After`.
@@ -69,7 +67,6 @@ impl ApiError {
             code: None,
             retry_after: None,
             headers: None,
-            queue_position: None,
         }
     }
 
@@ -231,15 +228,20 @@ impl ApiError {
             status.code()
         };
         let mut err = map_code(code, status.message(), field, reason, retry, api);
-        let headers = crate::notice::rate_limit_headers(status.metadata());
-        err.headers = (!headers.is_empty()).then(|| Box::new(Headers(headers)));
-        if err.status == StatusCode::TOO_MANY_REQUESTS {
-            err.queue_position = status
+        let mut headers = crate::notice::rate_limit_headers(status.metadata());
+        if err.status == StatusCode::TOO_MANY_REQUESTS
+            && let Some(position) = status
                 .metadata()
                 .get("x-queue-position")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok());
+                .and_then(|v| v.parse::<u32>().ok())
+        {
+            headers.push((
+                http::HeaderName::from_static("x-queue-position"),
+                http::HeaderValue::from(position),
+            ));
         }
+        err.headers = (!headers.is_empty()).then(|| Box::new(Headers(headers)));
         err
     }
 
@@ -463,11 +465,6 @@ impl IntoResponse for ApiError {
         }
         for (name, value) in self.headers.into_iter().flat_map(|h| h.0) {
             response.headers_mut().insert(name, value);
-        }
-        if let Some(position) = self.queue_position {
-            response
-                .headers_mut()
-                .insert("x-queue-position", http::HeaderValue::from(position));
         }
         response
     }

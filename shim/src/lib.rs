@@ -27,6 +27,7 @@ pub mod idempotency;
 pub mod keepalive;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod notice;
 pub mod observe;
 pub mod openai;
@@ -144,6 +145,17 @@ pub struct AppState {
     /// `Idempotency-Key`s and their stored answers.
     pub(crate) idempotency: Arc<idempotency::Store>,
     pub(crate) sse_heartbeat: Option<Duration>,
+    /// The process's metrics, rendered at `/metrics` (None: metrics off,
+    /// `/metrics` is a 404).
+    pub(crate) metrics: Option<metrics::Metrics>,
+}
+
+impl AppState {
+    /// The same state, rendering `metrics` at `/metrics`.
+    pub fn with_metrics(mut self, metrics: Option<metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
 }
 
 /// Builds the state for `cfg`. The channels connect lazily (on the first
@@ -188,6 +200,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         body_timeout: cfg.body_timeout,
         idempotency: Arc::new(idempotency::Store::new(cfg.idempotency)),
         sse_heartbeat: cfg.sse_heartbeat,
+        metrics: None,
     })
 }
 
@@ -208,7 +221,11 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(routes::tokens::tokenize))
         .route("/detokenize", post(routes::tokens::detokenize))
         .route("/health", get(routes::tokens::health))
-        .route("/version", get(routes::tokens::version));
+        .route("/version", get(routes::tokens::version))
+        .route(
+            "/metrics",
+            get(|State(s): State<AppState>| metrics::handler(s.metrics)),
+        );
     let router = responses_routes(router)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
@@ -232,6 +249,11 @@ pub fn router(state: AppState) -> Router {
     let router = match state.cors.clone() {
         Some(cors) => router.layer(cors),
         None => router,
+    };
+    let router = if state.metrics.is_some() {
+        router.layer(middleware::from_fn(metrics::count_requests))
+    } else {
+        router
     };
     router.layer(TraceLayer::new_for_http()).with_state(state)
 }

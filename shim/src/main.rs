@@ -97,6 +97,13 @@ struct Args {
     otlp_endpoint: Option<String>,
     #[command(flatten)]
     keepalive: gyre_shim::keepalive::KeepaliveArgs,
+    /// Record no metrics (`/metrics` answers 404). The standalone shim's
+    /// metrics are its HTTP requests; the service's are on its own process.
+    #[arg(long, env = "GYRE_DISABLE_METRICS")]
+    disable_metrics: bool,
+    /// Render the metrics vLLM also has as `vllm:<name>` (see README).
+    #[arg(long, env = "GYRE_METRICS_VLLM_NAMES")]
+    metrics_vllm_names: bool,
 }
 
 #[tokio::main]
@@ -123,8 +130,12 @@ async fn main() -> anyhow::Result<()> {
         body_timeout: (!args.body_timeout.is_zero()).then_some(args.body_timeout),
         ..ShimConfig::new("")
     };
+    let metrics = match args.disable_metrics {
+        true => None,
+        false => Some(gyre_shim::metrics::install(args.metrics_vllm_names)?),
+    };
     args.keepalive.apply(&mut config);
-    let state = gyre_shim::connect(config).await?;
+    let state = gyre_shim::connect(config).await?.with_metrics(metrics);
     let listener = tokio::net::TcpListener::bind(&args.http_addr)
         .await
         .with_context(|| format!("cannot bind HTTP address {}", args.http_addr))?;

@@ -76,6 +76,10 @@ pub struct RunArgs {
     /// Extra argument for `gyre serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+    /// Extra argument of O1's "on" server (repeatable), after
+    /// `--api-key gyre-bench-ops-key`: e.g. the tracing flags.
+    #[arg(long = "ops-on-arg", allow_hyphen_values = true)]
+    pub ops_on_args: Vec<String>,
     /// Benchmark a server that is already running at this gRPC URL (with
     /// --http-addr) instead of starting one. --model must be the directory
     /// it serves.

@@ -26,6 +26,8 @@ use crate::stats::{Outcome, Record};
 pub struct HttpTarget {
     pub addr: SocketAddr,
     pub model: String,
+    /// Sent as `Authorization: Bearer <key>` when the server wants one.
+    pub api_key: Option<String>,
 }
 
 /// The JSON body for `spec`: greedy, EOS ignored (vLLM's `ignore_eos`),
@@ -90,7 +92,11 @@ async fn stream(
     sent: Instant,
     record: &mut Record,
 ) -> anyhow::Result<Outcome> {
-    let request = Request::post("/v1/completions")
+    let mut request = Request::post("/v1/completions");
+    if let Some(key) = &target.api_key {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let request = request
         .header(hyper::header::HOST, target.addr.to_string())
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .header(hyper::header::ACCEPT, "text/event-stream")
@@ -162,6 +168,28 @@ pub async fn post_json(
         .header(hyper::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body.to_string())))?;
     let response = sender.send_request(request).await.context("send")?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    task.abort();
+    Ok((status, bytes))
+}
+
+/// `GET path` on a new connection, with a bearer key when given: the status
+/// and the whole response body.
+pub async fn get(
+    addr: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let (mut sender, task) = connect(addr).await?;
+    let mut request = Request::get(path).header(hyper::header::HOST, addr.to_string());
+    if let Some(key) = key {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new()))?)
+        .await
+        .context("send")?;
     let status = response.status();
     let bytes = response.into_body().collect().await?.to_bytes();
     task.abort();

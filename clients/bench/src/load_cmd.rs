@@ -43,6 +43,7 @@ pub async fn main(args: LoadArgs) -> anyhow::Result<()> {
         clients.http = Some(HttpTarget {
             addr,
             model: model_id.clone(),
+            api_key: None,
         });
     }
     let n = match args.rate {

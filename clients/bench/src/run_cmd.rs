@@ -180,6 +180,7 @@ async fn generative(
     clients.http = Some(HttpTarget {
         addr: http_addr,
         model: model.id.clone(),
+        api_key: None,
     });
 
     let mut sizes = if args.quick {
@@ -199,6 +200,9 @@ async fn generative(
         sizes: sizes.clone(),
         seed: args.seed,
         no_reference: args.no_reference,
+        gyre_bin: gyre_bin(args.gyre_bin.clone()),
+        server_args: args.server_args.clone(),
+        ops_on_args: args.ops_on_args.clone(),
     };
     let results = tokio::select! {
         results = scenarios::run(&ctx, &args.only) => results,

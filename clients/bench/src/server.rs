@@ -101,6 +101,37 @@ impl Server {
         })
     }
 
+    /// CPU time (user + system, every thread) the process has used so far,
+    /// from `/proc/<pid>/stat`; None where that cannot be read.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = self.child.id()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        Some(stat_ticks(&stat)? as f64 / 100.0)
+    }
+
+    /// CPU time (user + system) of the process's threads whose name starts
+    /// with `prefix` (e.g. `tokio-` for the async and blocking
+    /// workers that carry requests, not the engine's compute threads),
+    /// from `/proc/<pid>/task`; None where that cannot be read.
+    pub fn thread_cpu_seconds(&self, prefix: &str) -> Option<f64> {
+        let pid = self.child.id()?;
+        let mut ticks = 0u64;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+        {
+            let dir = task.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if !comm.starts_with(prefix) {
+                continue;
+            }
+            if let Ok(stat) = std::fs::read_to_string(dir.join("stat")) {
+                ticks += stat_ticks(&stat).unwrap_or(0);
+            }
+        }
+        Some(ticks as f64 / 100.0)
+    }
+
     /// Whether the process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -109,4 +140,11 @@ impl Server {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// utime + stime of a `/proc/.../stat` line, in clock ticks (USER_HZ: 100
+/// on every Linux architecture gyre builds for).
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }

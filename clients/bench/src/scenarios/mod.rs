@@ -7,6 +7,7 @@
 //! | S3 | TTFT with a cached 1,500-token prefix vs an uncached one | ratio <= 0.2 |
 //! | S4 | the same load through HTTP vs straight gRPC: added latency per token | <= 50 µs |
 //! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
+//! | O1 | S2's load with auth, metrics (scraped every second) and tracing on vs all off: throughput, and server CPU per streamed token | ratio >= 0.98, <= 20 µs |
 //! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
 //!
 //! Each scenario returns its table rows and a JSON object of details; one
@@ -14,6 +15,7 @@
 
 mod cancel;
 pub mod embeddings;
+mod ops;
 mod overhead;
 mod prefix;
 mod throughput;
@@ -30,17 +32,22 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 6] = ["S1", "S2", "S3", "S4", "S5", "E1"];
+pub const ALL: [&str; 7] = ["S1", "S2", "S3", "S4", "S5", "O1", "E1"];
 
 /// Whether `only` (empty: all) selects scenario `id`.
 pub fn selected(only: &[String], id: &str) -> bool {
     only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(id))
 }
 
-/// Whether `only` selects any scenario of the generative model (S1-S5).
+/// Whether scenario `id` runs on the generative model (S1-S5, O1).
+fn generative(id: &str) -> bool {
+    id.starts_with('S') || id == "O1"
+}
+
+/// Whether `only` selects any scenario of the generative model (S1-S5, O1).
 pub fn needs_generative(only: &[String]) -> bool {
     ALL.iter()
-        .filter(|id| id.starts_with('S'))
+        .filter(|id| generative(id))
         .any(|id| selected(only, id))
 }
 
@@ -128,6 +135,12 @@ pub struct Ctx {
     pub seed: u64,
     /// Skip transformers (rows show gyre only).
     pub no_reference: bool,
+    /// The gyre binary and the extra arguments of the server under test
+    /// (O1 starts two more servers with them).
+    pub gyre_bin: PathBuf,
+    pub server_args: Vec<String>,
+    /// O1's "on" arguments beyond `ops::ON_ARGS` (`--ops-on-arg`).
+    pub ops_on_args: Vec<String>,
 }
 
 impl Ctx {
@@ -224,7 +237,7 @@ pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
     warm_up_server(ctx).await;
     let mut results = Vec::new();
     for id in ALL {
-        if !selected(only, id) || !id.starts_with('S') {
+        if !selected(only, id) || !generative(id) {
             continue;
         }
         let (title, started) = (title(id), Instant::now());
@@ -234,6 +247,7 @@ pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
             "S2" => throughput::s2(ctx).await,
             "S3" => prefix::s3(ctx).await,
             "S4" => overhead::s4(ctx).await,
+            "O1" => ops::o1(ctx).await,
             _ => cancel::s5(ctx).await,
         }
         .map_err(|e| format!("{e:#}"));
@@ -266,6 +280,7 @@ pub fn title(id: &str) -> &'static str {
         "S3" => "prefix cache: TTFT with a cached long prefix vs an uncached one",
         "S4" => "HTTP shim overhead: the same load through HTTP vs gRPC",
         "S5" => "cancellation storm: KV blocks released",
+        "O1" => "operations overhead: auth, metrics and tracing on vs all off (S2 load)",
         "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
         _ => "?",
     }
