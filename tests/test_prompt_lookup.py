@@ -16,7 +16,7 @@ import pytest
 import harness
 from conftest import assert_no_panic
 
-GGUF = harness.REPO / ".gyre" / "models" / "smollm2-135m-instruct.gguf"
+GGUF = harness.MODELS / "smollm2-135m-instruct.gguf"
 PARAGRAPH = ("The old lighthouse stood at the edge of the cliff, its white paint peeling in the salt "
              "wind. Every evening the keeper climbed the spiral stairs, lit the great lamp, and "
              "watched the ships pass safely through the narrow channel below.")
@@ -45,9 +45,12 @@ def sdk(server):
 def stats(server) -> dict:
     r = harness.buf_curl(server.grpc, "gyre.v1.Generation/GetStats", {}).ok()
     m = r.messages[0]
-    return {k: int(m.get(k, 0)) for k in ("speculative_proposed_tokens_total",
-                                           "speculative_accepted_tokens_total",
-                                           "steps_total", "generated_tokens_total")}
+    # buf prints proto3 JSON: lowerCamelCase names, 64-bit counts as strings,
+    # zeros left out.
+    camel = {"speculative_proposed_tokens_total": "speculativeProposedTokensTotal",
+             "speculative_accepted_tokens_total": "speculativeAcceptedTokensTotal",
+             "steps_total": "stepsTotal", "generated_tokens_total": "generatedTokensTotal"}
+    return {k: int(m.get(c, 0)) for k, c in camel.items()}
 
 
 def chat(sdk, **extra):
