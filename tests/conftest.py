@@ -45,6 +45,28 @@ def start_server():
     assert not messages, "\n\n".join(messages)
 
 
+@pytest.fixture(scope="module")
+def module_server():
+    """Factory like `start_server`, but its servers stop when the module's
+    tests are done: a suite of many modules each with servers of their own
+    would otherwise hold all of them (and their KV caches) until the end."""
+    started: list[harness.Server] = []
+
+    def start(model: str, *flags: str) -> harness.Server:
+        server = harness.serve(model, *flags)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+    messages = [f"{' '.join(s.argv)} panicked; stderr:\n{s.stderr()[-4000:]}"
+                for s in started if "panicked" in s.stderr()]
+    for server in started:
+        server.remove_log()
+    assert not messages, "\n\n".join(messages)
+
+
 @pytest.fixture(scope="session")
 def model_server(start_server):
     """Factory: the shared (key-less) server of a model, started on first use."""

@@ -23,8 +23,8 @@ from gyre.v1 import generate_pb2 as pb  # noqa: E402
 from gyre.v1 import generate_pb2_grpc as pb_grpc  # noqa: E402
 
 
-def test_a_burst_that_fits_running_slots_plus_queue_gets_no_429(start_server):
-    server = start_server(QWEN, "--max-running", "64", "--max-queue", "86")
+def test_a_burst_that_fits_running_slots_plus_queue_gets_no_429(module_server):
+    server = module_server(QWEN, "--max-running", "64", "--max-queue", "86")
 
     def complete(i: int) -> harness.HttpReply:
         body = {"model": QWEN, "prompt": f"Request {i} says", "max_tokens": 4, "ignore_eos": True}
@@ -37,8 +37,8 @@ def test_a_burst_that_fits_running_slots_plus_queue_gets_no_429(start_server):
     assert all(r.json()["usage"]["completion_tokens"] == 4 for r in replies)
 
 
-def test_a_request_beyond_a_full_engine_and_queue_is_refused(start_server):
-    server = start_server(QWEN, "--max-running", "2", "--max-queue", "1")
+def test_a_request_beyond_a_full_engine_and_queue_is_refused(module_server):
+    server = module_server(QWEN, "--max-running", "2", "--max-queue", "1")
     channel = grpc.insecure_channel(server.grpc)
     stub = pb_grpc.GenerationStub(channel)
     # Three generations as long as the context allows: two run, one waits.

@@ -23,8 +23,8 @@ BODY = {"model": QWEN, "messages": [{"role": "user", "content": "hi"}], "max_tok
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> harness.Server:
-    return start_server(QWEN, "--cors-origin", ALLOWED, "--api-key", KEY)
+def server(module_server) -> harness.Server:
+    return module_server(QWEN, "--cors-origin", ALLOWED, "--api-key", KEY)
 
 
 def preflight(address: str, origin: str) -> harness.HttpReply:
@@ -90,8 +90,8 @@ def test_errors_carry_cors_headers(server):
     assert _error(refused, 401) and "access-control-allow-origin" not in refused.headers
 
 
-def test_the_body_timeout_408_carries_cors_headers(start_server):
-    server = start_server(QWEN, "--cors-origin", ALLOWED, "--body-timeout", "1")
+def test_the_body_timeout_408_carries_cors_headers(module_server):
+    server = module_server(QWEN, "--cors-origin", ALLOWED, "--body-timeout", "1")
     sock = connect(server.http)
     try:
         sock.sendall(("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

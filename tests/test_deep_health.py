@@ -54,8 +54,8 @@ def hold_the_engine(server: harness.Server):
     return call, channel
 
 
-def test_a_stalled_model_reports_not_serving_until_a_probe_passes(start_server):
-    server = start_server(QWEN, "--max-running", "1", "--deep-health-interval-secs", "1",
+def test_a_stalled_model_reports_not_serving_until_a_probe_passes(module_server):
+    server = module_server(QWEN, "--max-running", "1", "--deep-health-interval-secs", "1",
                           "--deep-health-timeout-secs", "1")
     wait_until(lambda: grpc_health(server, QWEN) == "SERVING", "SERVING at start")
     assert http_health(server) == 200

@@ -216,8 +216,8 @@ def test_the_key_is_ignored_on_other_routes(qwen):
     assert first.status == 200 and not replayed(post(qwen.http, "/tokenize", body, key))
 
 
-def test_keys_expire_after_the_ttl(start_server):
-    server = start_server(QWEN, "--idempotency-ttl-secs", "2")
+def test_keys_expire_after_the_ttl(module_server):
+    server = module_server(QWEN, "--idempotency-ttl-secs", "2")
     key = new_key()
     first = post(server.http, COMPLETIONS, BODIES[COMPLETIONS], key)
     assert first.status == 200
@@ -230,8 +230,8 @@ def test_keys_expire_after_the_ttl(start_server):
     assert again.status == 200 and not replayed(again)
 
 
-def test_the_oldest_stored_key_makes_room(start_server):
-    server = start_server(QWEN, "--idempotency-max-keys", "2")
+def test_the_oldest_stored_key_makes_room(module_server):
+    server = module_server(QWEN, "--idempotency-max-keys", "2")
     keys = [new_key() for _ in range(3)]
     firsts = [post(server.http, COMPLETIONS, BODIES[COMPLETIONS], k) for k in keys]
     assert all(r.status == 200 for r in firsts)

@@ -91,8 +91,8 @@ def chat(server: harness.Server, content: str, headers=AUTH, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(start_server) -> harness.Server:
-    return start_server(MODEL, "--api-key", KEY, "--metrics-addr", "127.0.0.1:0")
+def server(module_server) -> harness.Server:
+    return module_server(MODEL, "--api-key", KEY, "--metrics-addr", "127.0.0.1:0")
 
 
 def test_metrics_after_real_requests_have_every_name_label_and_count(server):
@@ -159,8 +159,8 @@ def test_the_http_port_wants_the_key_and_the_metrics_address_does_not(server):
     assert harness.http_request(server.metrics, "GET", "/v1/models").status == 404
 
 
-def test_vllm_names_flag_renames_the_metrics_vllm_has(start_server):
-    server = start_server(MODEL, "--metrics-vllm-names")
+def test_vllm_names_flag_renames_the_metrics_vllm_has(module_server):
+    server = module_server(MODEL, "--metrics-vllm-names")
     chat(server, "hi", headers=None)
     text = scrape(server.http).body.decode()
     types, samples = parse(text)
@@ -174,8 +174,8 @@ def test_vllm_names_flag_renames_the_metrics_vllm_has(start_server):
     assert types.get("gyre:kv_blocks_total") == "gauge"
 
 
-def test_disable_metrics_answers_404_in_the_openai_shape(start_server):
-    server = start_server(MODEL, "--disable-metrics")
+def test_disable_metrics_answers_404_in_the_openai_shape(module_server):
+    server = module_server(MODEL, "--disable-metrics")
     chat(server, "hi", headers=None)
     reply = scrape(server.http)
     assert reply.status == 404
@@ -263,8 +263,8 @@ class Prometheus:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def test_a_real_prometheus_scrapes_gyre_and_answers_a_counter_and_a_histogram(start_server):
-    server = start_server(MODEL, "--metrics-addr", "127.0.0.1:0")
+def test_a_real_prometheus_scrapes_gyre_and_answers_a_counter_and_a_histogram(module_server):
+    server = module_server(MODEL, "--metrics-addr", "127.0.0.1:0")
     prom = Prometheus(server.metrics)
     try:
         sent = 5

@@ -36,8 +36,8 @@ def chat(server: harness.Server, request_id: str) -> dict:
     return reply.json()
 
 
-def test_one_json_line_per_request_without_prompts(start_server):
-    server = start_server(QWEN, "--log-format", "json")
+def test_one_json_line_per_request_without_prompts(module_server):
+    server = module_server(QWEN, "--log-format", "json")
     answer = chat(server, "log-plain")
     req = log_line(server, "gyre::request", "log-plain")
     f = req["fields"]
@@ -66,8 +66,8 @@ def test_one_json_line_per_request_without_prompts(start_server):
     assert log_line(server, "gyre::http", "log-refused")["fields"]["status"] == 404
 
 
-def test_log_prompts_puts_prompt_and_output_in_the_line(start_server):
-    server = start_server(QWEN, "--log-format", "json", "--log-prompts")
+def test_log_prompts_puts_prompt_and_output_in_the_line(module_server):
+    server = module_server(QWEN, "--log-format", "json", "--log-prompts")
     answer = chat(server, "log-prompts")
     f = log_line(server, "gyre::request", "log-prompts")["fields"]
     assert SECRET in f["prompt"]

@@ -47,8 +47,8 @@ def wait_for(stub, predicate) -> pb.EngineStats:
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_a_stalled_stream_gets_heartbeats_and_still_completes(start_server, path):
-    server = start_server(QWEN, "--max-running", "1", "--sse-heartbeat-secs", "1",
+def test_a_stalled_stream_gets_heartbeats_and_still_completes(module_server, path):
+    server = module_server(QWEN, "--max-running", "1", "--sse-heartbeat-secs", "1",
                           "--http2-keepalive-interval", "1", "--upstream-keepalive-interval", "1",
                           "--upstream-keepalive-timeout", "5")
     channel = grpc.insecure_channel(server.grpc)

@@ -73,10 +73,10 @@ KEYS = {f"key-{t}": t for t in TENANTS}
 
 
 @pytest.fixture(scope="module")
-def tenants(tmp_path_factory, start_server) -> harness.Server:
+def tenants(tmp_path_factory, module_server) -> harness.Server:
     path = tmp_path_factory.mktemp("keys") / "keys.toml"
     path.write_text(keys_file(TENANTS, KEYS))
-    return start_server(QWEN, "--model", str(harness.model_dir(LLAMA)), "--keys-file", str(path))
+    return module_server(QWEN, "--model", str(harness.model_dir(LLAMA)), "--keys-file", str(path))
 
 
 class Reply:
@@ -396,14 +396,14 @@ def reflection_works(server: harness.Server) -> bool:
     return harness.run_group(argv, None, 60).returncode == 0
 
 
-def test_health_and_reflection_need_a_key_unless_left_open(tenants, tmp_path, start_server):
+def test_health_and_reflection_need_a_key_unless_left_open(tenants, tmp_path, module_server):
     assert health(tenants, None) == (401, grpc.StatusCode.UNAUTHENTICATED)
     assert health(tenants, "key-free") == (200, grpc.StatusCode.OK)
     assert not reflection_works(tenants)
 
     path = tmp_path / "keys.toml"
     path.write_text(keys_file({"team": {}}, {"key-one": "team"}))
-    server = start_server(QWEN, "--keys-file", str(path), "--open-endpoints")
+    server = module_server(QWEN, "--keys-file", str(path), "--open-endpoints")
     assert health(server, None) == (200, grpc.StatusCode.OK)
     assert reflection_works(server)
     # Generation still needs a key.

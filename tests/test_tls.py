@@ -76,13 +76,13 @@ def tls_flags(pki: Pki) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tls_server(start_server, pki) -> harness.Server:
-    return start_server(QWEN, *tls_flags(pki))
+def tls_server(module_server, pki) -> harness.Server:
+    return module_server(QWEN, *tls_flags(pki))
 
 
 @pytest.fixture(scope="module")
-def mtls_server(start_server, pki) -> harness.Server:
-    return start_server(QWEN, *tls_flags(pki), "--tls-client-ca", pki.path("client-ca.pem"))
+def mtls_server(module_server, pki) -> harness.Server:
+    return module_server(QWEN, *tls_flags(pki), "--tls-client-ca", pki.path("client-ca.pem"))
 
 
 def ca_context(pki: Pki) -> ssl.SSLContext:
