@@ -9,54 +9,14 @@
 //! whole, under a small token budget that cuts speculative runs short, and
 //! in a pool small enough that sequences holding proposals are preempted.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::{MODELS, golden, ids};
 use gyre_engine::{
     DeviceChoice, Engine, EngineOptions, EngineStats, Event, GenerateRequest, Sampling, Speculation,
 };
-use serde_json::Value;
-
-const MODELS: [&str; 11] = [
-    "tiny-llama",
-    "tiny-mistral",
-    "tiny-qwen2",
-    "tiny-qwen3",
-    "tiny-mistral-sw",
-    "tiny-gemma3",
-    "tiny-gemma2",
-    "tiny-phi3",
-    "tiny-phi4",
-    "tiny-mixtral",
-    "tiny-qwen3-moe",
-];
-
-fn models_dir() -> PathBuf {
-    std::env::var_os("GYRE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.gyre/models"))
-}
-
-fn golden(model: &str) -> (PathBuf, Value) {
-    let dir = models_dir().join(model);
-    let text = std::fs::read_to_string(dir.join("golden.json")).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; build the fixtures first: `make models`",
-            dir.join("golden.json").display()
-        )
-    });
-    (
-        dir,
-        serde_json::from_str(&text).expect("golden.json parses"),
-    )
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
 
 fn greedy(prompt: Vec<u32>, max_tokens: u32, spec: Option<Speculation>) -> GenerateRequest {
     biased(prompt, max_tokens, spec, &[])
