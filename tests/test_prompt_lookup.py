@@ -4,11 +4,18 @@ small change) answered with `num_assistant_tokens` is token for token the
 plain greedy answer, over HTTP through the official SDK and over gRPC, while
 the engine's counters show proposals the model accepted (steps saved); a
 server started with `--prompt-lookup-tokens` speculates by default and a
-request's `num_assistant_tokens: 0` turns it off; out-of-range values are
-400s naming the param (INVALID_ARGUMENT naming the field over gRPC).
+request's `num_assistant_tokens: 0` turns it off, and a model's
+`prompt_lookup` key sets its own default; each response's usage reports its
+own proposals (OpenAI's `accepted_prediction_tokens` /
+`rejected_prediction_tokens`, the proto's `speculative_*_tokens`), equal to
+what the engine's counters moved by; out-of-range values are 400s naming the
+param (INVALID_ARGUMENT naming the field over gRPC) and a bad model key
+fails the start.
 """
 
 from __future__ import annotations
+
+import subprocess
 
 import openai
 import pytest
@@ -53,10 +60,16 @@ def stats(server) -> dict:
     return {k: int(m.get(c, 0)) for k, c in camel.items()}
 
 
-def chat(sdk, **extra):
-    r = sdk.chat.completions.create(model="", messages=MESSAGES, temperature=0, max_tokens=80,
+def chat(sdk, model="", **extra):
+    r = sdk.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=80,
                                     extra_body=extra)
     return r.choices[0].message.content, r.usage.completion_tokens
+
+
+def chat_usage(sdk, model="", **extra):
+    r = sdk.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=80,
+                                    extra_body=extra)
+    return r.choices[0].message.content, r.usage
 
 
 def test_lookup_is_greedy_and_saves_steps(server, sdk):
@@ -73,6 +86,16 @@ def test_lookup_is_greedy_and_saves_steps(server, sdk):
     steps = after["steps_total"] - mid["steps_total"]
     assert accepted > 0, after
     assert steps < n_fast, (steps, n_fast)
+    # The response's own usage has the same counts as the engine's counters.
+    _, usage = chat_usage(sdk, num_assistant_tokens=8, max_ngram_size=3)
+    again = stats(server)
+    d = usage.completion_tokens_details
+    proposed = again["speculative_proposed_tokens_total"] - after["speculative_proposed_tokens_total"]
+    assert d.accepted_prediction_tokens == again["speculative_accepted_tokens_total"] - after[
+        "speculative_accepted_tokens_total"] > 0, (d, again, after)
+    assert d.rejected_prediction_tokens == proposed - d.accepted_prediction_tokens, (d, proposed)
+    _, plain_usage = chat_usage(sdk, num_assistant_tokens=0)
+    assert plain_usage.completion_tokens_details is None, plain_usage
     plain_steps = mid["steps_total"] - before["steps_total"]
     print(f"plain: {plain_steps} steps for {n_plain} tokens; lookup: {steps} steps, "
           f"{accepted} proposals accepted")
@@ -87,6 +110,22 @@ def test_server_default_applies_without_request_params(server, sdk):
     assert default == plain
 
 
+def test_streamed_usage_has_the_counts(server, sdk):
+    before = stats(server)
+    stream = sdk.chat.completions.create(model="", messages=MESSAGES, temperature=0, max_tokens=60,
+                                         stream=True, stream_options={"include_usage": True},
+                                         extra_body={"num_assistant_tokens": 8})
+    usage = [c.usage for c in stream if c.usage is not None]
+    after = stats(server)
+    assert len(usage) == 1, usage
+    d = usage[0].completion_tokens_details
+    proposed = after["speculative_proposed_tokens_total"] - before["speculative_proposed_tokens_total"]
+    accepted = after["speculative_accepted_tokens_total"] - before["speculative_accepted_tokens_total"]
+    assert (d.accepted_prediction_tokens, d.rejected_prediction_tokens) == (
+        accepted, proposed - accepted), (d, proposed, accepted)
+    assert accepted > 0
+
+
 def test_grpc_request_with_lookup_matches(server):
     # A raw-text prompt whose continuation copies its first paragraph.
     text = PARAGRAPH + "\n\n" + PARAGRAPH[:70]
@@ -94,12 +133,21 @@ def test_grpc_request_with_lookup_matches(server):
     def generate(extra):
         body = {"text": text, "sampling": {"temperature": 0}, "max_tokens": 40, **extra}
         r = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", body).ok()
-        return "".join(m.get("delta", {}).get("text", "") for m in r.messages)
+        usage = [m["finish"]["usage"] for m in r.messages if "finish" in m]
+        assert len(usage) == 1, r.messages
+        return "".join(m.get("delta", {}).get("text", "") for m in r.messages), usage[0]
     before = stats(server)
-    fast = generate({"num_assistant_tokens": 5, "max_ngram_size": 2})
+    fast, usage = generate({"num_assistant_tokens": 5, "max_ngram_size": 2})
     after = stats(server)
-    assert after["speculative_accepted_tokens_total"] > before["speculative_accepted_tokens_total"]
-    assert fast and fast == generate({"num_assistant_tokens": 0})
+    accepted = after["speculative_accepted_tokens_total"] - before["speculative_accepted_tokens_total"]
+    proposed = after["speculative_proposed_tokens_total"] - before["speculative_proposed_tokens_total"]
+    assert accepted > 0
+    # The Finish message's usage (proto3 JSON names).
+    assert int(usage["speculativeAcceptedTokens"]) == accepted, usage
+    assert int(usage["speculativeProposedTokens"]) == proposed, usage
+    plain, plain_usage = generate({"num_assistant_tokens": 0})
+    assert fast and fast == plain
+    assert "speculativeProposedTokens" not in plain_usage, plain_usage
 
 
 @pytest.mark.parametrize("extra,param", [
@@ -119,3 +167,43 @@ def test_out_of_range_over_grpc_names_the_field(server):
     r = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", body)
     assert r.rc != 0 and r.error["code"] == "invalid_argument", r.error
     assert "num_assistant_tokens" in r.error["message"], r.error
+
+
+@pytest.fixture(scope="module")
+def two_names():
+    harness.require_file(GGUF, "the default model (make models)")
+    # One server, the same weights under two names: `fast` speculates by
+    # default through its key, `plain` follows the server (off).
+    s = harness.Server.start([str(harness.GYRE_BIN), "serve",
+                              "--model", f"{GGUF},name=fast,prompt_lookup=8",
+                              "--model", f"{GGUF},name=plain",
+                              "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+    yield s
+    s.stop()
+    assert_no_panic(s)
+    s.remove_log()
+
+
+def test_a_models_prompt_lookup_key_sets_its_default(two_names):
+    s = two_names
+    sdk = openai.OpenAI(base_url=f"http://{s.http}/v1", api_key="unused", max_retries=0,
+                        timeout=300)
+    fast, fast_usage = chat_usage(sdk, model="fast")
+    plain, plain_usage = chat_usage(sdk, model="plain")
+    assert fast == plain
+    assert fast_usage.completion_tokens_details.accepted_prediction_tokens > 0, fast_usage
+    assert plain_usage.completion_tokens_details is None, plain_usage
+    # A request still overrides the model's default.
+    _, off = chat_usage(sdk, model="fast", num_assistant_tokens=0)
+    assert off.completion_tokens_details is None, off
+
+
+@pytest.mark.parametrize("value", ["65", "lots"])
+def test_a_bad_prompt_lookup_key_fails_the_start(value):
+    harness.require_file(GGUF, "the default model (make models)")
+    p = subprocess.run([str(harness.GYRE_BIN), "serve", "--model", f"{GGUF},prompt_lookup={value}",
+                        "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode != 0 and "listening" not in p.stdout, (p.returncode, p.stderr[-2000:])
+    assert "prompt_lookup" in p.stderr and "0 to 64" in p.stderr, p.stderr[-2000:]
+    assert "panicked" not in p.stderr

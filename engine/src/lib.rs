@@ -315,6 +315,13 @@ pub enum Event {
     /// token 1. Sent as the prompt is computed, all before `Prefilled`.
     PromptLogprobs(Vec<TokenLogprobs>),
     Token(u32),
+    /// A verification step of speculative decoding (prompt lookup) ended:
+    /// `proposed` tokens were checked and the first `accepted` of them
+    /// matched what the model sampled. Sent after that step's tokens.
+    Speculated {
+        proposed: u32,
+        accepted: u32,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,

@@ -155,6 +155,12 @@ pub(crate) fn verify(
     }
     stats.spec_proposed_tokens_total += drafts.len() as u64;
     stats.spec_accepted_tokens_total += accepted as u64;
+    if !drafts.is_empty() {
+        let _ = g.events.send(Event::Speculated {
+            proposed: drafts.len() as u32,
+            accepted: accepted as u32,
+        });
+    }
     // Computed: the real tokens, then the proposals that were generated.
     s.computed = real + accepted;
     Ok(ended)

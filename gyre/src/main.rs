@@ -113,7 +113,8 @@ struct ModelArgs {
     /// ~/.cache/huggingface/hub; nothing is downloaded), optionally
     /// followed by `,key=value` items: name, alias (repeatable), version,
     /// revision, deprecated, sunset (dates: YYYY-MM-DD or RFC 3339),
-    /// owned_by, kv_cache_mib. An existing path wins over a hub id. A
+    /// owned_by, kv_cache_mib, prompt_lookup (tokens per step, 0 to 64).
+    /// An existing path wins over a hub id. A
     /// sentence-transformers directory (modules.json) or a `BertModel` one
     /// is served as an embedding model (/v1/embeddings, gyre.v1.Embeddings)
     /// with the same catalogue keys (kv_cache_mib aside).

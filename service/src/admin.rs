@@ -135,7 +135,16 @@ fn spec_of(req: LoadModelRequest) -> Result<ModelSpec, ServiceError> {
             "aliases must not be empty",
         ));
     }
+    let max = gyre_engine::MAX_SPECULATIVE_TOKENS;
+    if let Some(k) = req.prompt_lookup.filter(|&k| k > max) {
+        return Err(ServiceError::invalid(
+            "prompt_lookup",
+            "OUT_OF_RANGE",
+            format!("prompt_lookup must be between 0 and {max}, got {k}"),
+        ));
+    }
     Ok(ModelSpec {
+        prompt_lookup: req.prompt_lookup,
         deprecation: date("deprecated", req.deprecated)?,
         sunset: date("sunset", req.sunset)?,
         source: req.source,

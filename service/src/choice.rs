@@ -79,12 +79,16 @@ pub(crate) async fn run(
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let mut m = ChoiceMetrics::new(&p.model.id, p.arrived, tag.index == 0);
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
+    // Speculative tokens (proposed, accepted) over the verification steps
+    // seen so far; `None` while it has not speculated.
+    let mut speculated: Option<(u32, u32)> = None;
     let finish = |pipe: &Pipeline,
                   reason: FinishReason,
                   completion: u32,
                   cached: u32,
                   stop: Option<String>,
-                  stop_id: Option<u32>| {
+                  stop_id: Option<u32>,
+                  speculated: Option<(u32, u32)>| {
         Ev::Finish(v1::Finish {
             reason: reason as i32,
             usage: Some(v1::Usage {
@@ -92,6 +96,8 @@ pub(crate) async fn run(
                 completion_tokens: completion,
                 cached_tokens: cached,
                 reasoning_tokens: pipe.reasoning_tokens(),
+                speculative_proposed_tokens: speculated.map(|(p, _)| p),
+                speculative_accepted_tokens: speculated.map(|(_, a)| a),
             }),
             matched_stop: stop,
             matched_stop_token_id: stop_id,
@@ -104,7 +110,7 @@ pub(crate) async fn run(
             _ = cancelled(&mut cancel) => {
                 rec.finished(FinishReason::Cancelled, generated);
                 m.ended(Some("abort"), generated);
-                let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None);
+                let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None, speculated);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
             }
@@ -156,6 +162,11 @@ pub(crate) async fn run(
                 prompt_logprobs.extend(list.into_iter().map(|lp| token_logprob(&tok, lp)));
                 continue;
             }
+            Some(Event::Speculated { proposed, accepted }) => {
+                let (p0, a0) = speculated.unwrap_or_default();
+                speculated = Some((p0 + proposed, a0 + accepted));
+                continue;
+            }
             Some(Event::Logprobs(lp)) => {
                 pending_logprobs = Some(token_logprob(&tok, lp));
                 continue;
@@ -190,7 +201,7 @@ pub(crate) async fn run(
                         let reason = pipe.stop_reason();
                         rec.finished(reason, generated);
                         m.ended(Some(reason_label(reason)), generated);
-                        let f = finish(&pipe, reason, generated, cached, Some(s), None);
+                        let f = finish(&pipe, reason, generated, cached, Some(s), None, speculated);
                         (vec![d, f], true)
                     }
                 }
@@ -220,6 +231,7 @@ pub(crate) async fn run(
                     u.cached_tokens,
                     matched,
                     stop_id,
+                    speculated,
                 );
                 let mut msgs = Vec::new();
                 // A stop string in the tail always gets its (maybe empty)

@@ -272,7 +272,7 @@ impl Generation {
                     self.usage.prompt_tokens = usage.prompt_tokens;
                     self.usage.prompt_tokens_details = usage.prompt_tokens_details;
                     self.usage.completion_tokens += usage.completion_tokens;
-                    self.usage.add_reasoning(usage.completion_tokens_details);
+                    self.usage.add_details(usage.completion_tokens_details);
                     self.usage.total_tokens =
                         self.usage.prompt_tokens + self.usage.completion_tokens;
                     return Ok(piece(Piece::Finished(reason)));
@@ -366,7 +366,7 @@ impl Merged {
                     self.usage.total_tokens += usage.total_tokens;
                     self.usage.prompt_tokens_details.cached_tokens +=
                         usage.prompt_tokens_details.cached_tokens;
-                    self.usage.add_reasoning(usage.completion_tokens_details);
+                    self.usage.add_details(usage.completion_tokens_details);
                     self.remaining -= 1;
                     if self.remaining == 0 {
                         return Ok(Step::End { usage: self.usage });

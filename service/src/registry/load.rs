@@ -162,7 +162,11 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     opts.token_budget = d.max_batch_tokens;
     opts.queue_capacity = d.max_queue;
     opts.compute_threads = d.compute_threads;
-    let mut rt = ModelRuntime::load(opts, Some(p.id.clone()), d.text.clone())
+    let mut text = d.text.clone();
+    if let Some(k) = p.spec.prompt_lookup {
+        text.prompt_lookup_tokens = k;
+    }
+    let mut rt = ModelRuntime::load(opts, Some(p.id.clone()), text)
         .map_err(|e| LoadError::Load(format!("{e:#}")))?;
     if let Some(owner) = &p.spec.owned_by {
         rt.owned_by.clone_from(owner);

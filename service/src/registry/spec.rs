@@ -25,6 +25,9 @@ pub struct ModelSpec {
     pub owned_by: Option<String>,
     /// KV cache budget in MiB (default: the server's `--kv-cache-mib`).
     pub kv_cache_mib: Option<u64>,
+    /// Prompt-lookup tokens proposed per step by default for this model
+    /// (0: off; default: the server's `--prompt-lookup-tokens`).
+    pub prompt_lookup: Option<u32>,
 }
 
 /// A `--model` argument or config entry that cannot be used.
@@ -33,11 +36,11 @@ pub enum SpecError {
     #[error("--model `{0}`: the source (before the first comma) is empty")]
     EmptySource(String),
     #[error(
-        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib)"
+        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup)"
     )]
     NotKeyValue { arg: String, item: String },
     #[error(
-        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib)"
+        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup)"
     )]
     UnknownKey { arg: String, key: String },
     #[error("--model `{arg}`: `{key}` is given twice")]
@@ -46,13 +49,19 @@ pub enum SpecError {
     BadDate { what: String, value: String },
     #[error("--model `{arg}`: kv_cache_mib `{value}` is not a whole number of MiB")]
     BadNumber { arg: String, value: String },
+    #[error("{what}: prompt_lookup `{value}` is not a number of tokens from 0 to {max}")]
+    BadLookup {
+        what: String,
+        value: String,
+        max: u32,
+    },
     #[error("{what}: `{key}` must not be empty")]
     Empty { what: String, key: String },
     #[error("config file {path}: {message}")]
     Config { path: String, message: String },
 }
 
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "name",
     "alias",
     "version",
@@ -61,6 +70,7 @@ const KEYS: [&str; 8] = [
     "sunset",
     "owned_by",
     "kv_cache_mib",
+    "prompt_lookup",
 ];
 
 impl ModelSpec {
@@ -73,7 +83,8 @@ impl ModelSpec {
     }
 
     /// Parses `path[,name=N][,alias=A]...[,version=V][,revision=R]
-    /// [,deprecated=DATE][,sunset=DATE][,owned_by=O][,kv_cache_mib=M]`.
+    /// [,deprecated=DATE][,sunset=DATE][,owned_by=O][,kv_cache_mib=M]
+    /// [,prompt_lookup=K]`.
     /// The source is everything before the first comma.
     pub fn parse(arg: &str) -> Result<Self, SpecError> {
         let mut parts = arg.split(',');
@@ -140,6 +151,10 @@ impl ModelSpec {
                     once(spec.sunset.is_some())?;
                     spec.sunset = Some(parse_date(value, &what())?);
                 }
+                "prompt_lookup" => {
+                    once(spec.prompt_lookup.is_some())?;
+                    spec.prompt_lookup = Some(lookup_tokens(value, &format!("--model `{arg}`"))?);
+                }
                 _ => {
                     once(spec.kv_cache_mib.is_some())?;
                     spec.kv_cache_mib = Some(value.parse().map_err(|_| SpecError::BadNumber {
@@ -174,6 +189,21 @@ struct ConfigModel {
     sunset: Option<String>,
     owned_by: Option<String>,
     kv_cache_mib: Option<u64>,
+    prompt_lookup: Option<u32>,
+}
+
+/// Prompt-lookup tokens per step, checked against the engine's maximum.
+fn lookup_tokens(value: &str, what: &str) -> Result<u32, SpecError> {
+    let max = gyre_engine::MAX_SPECULATIVE_TOKENS;
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|&k| k <= max)
+        .ok_or_else(|| SpecError::BadLookup {
+            what: what.into(),
+            value: value.into(),
+            max,
+        })
 }
 
 /// Parses a TOML config (`path` only names it in errors): a `[[models]]`
@@ -205,6 +235,10 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
                     key: "aliases".into(),
                 });
             }
+            let prompt_lookup = m
+                .prompt_lookup
+                .map(|k| lookup_tokens(&k.to_string(), &format!("config file {path}: models[{i}]")))
+                .transpose()?;
             Ok(ModelSpec {
                 source: m.source,
                 revision: m.revision,
@@ -223,6 +257,7 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
                     .transpose()?,
                 owned_by: m.owned_by,
                 kv_cache_mib: m.kv_cache_mib,
+                prompt_lookup,
             })
         })
         .collect()

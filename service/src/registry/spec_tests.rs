@@ -13,7 +13,7 @@ fn a_plain_path_is_only_a_source() {
 #[test]
 fn every_key_of_a_model_argument_is_read() {
     let spec = ModelSpec::parse(
-        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64",
+        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64,prompt_lookup=8",
     )
     .expect("ok");
     assert_eq!(
@@ -28,6 +28,7 @@ fn every_key_of_a_model_argument_is_read() {
             sunset: Some(1_806_451_200),
             owned_by: Some("acme".into()),
             kv_cache_mib: Some(64),
+            prompt_lookup: Some(8),
         }
     );
 }
@@ -44,6 +45,18 @@ fn bad_model_arguments_say_what_is_wrong() {
         err("p,kv_cache_mib=lots"),
         SpecError::BadNumber { .. }
     ));
+    for bad in [
+        "p,prompt_lookup=65",
+        "p,prompt_lookup=-1",
+        "p,prompt_lookup=some",
+    ] {
+        let e = err(bad);
+        assert!(
+            matches!(e, SpecError::BadLookup { max: 64, .. }),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("prompt_lookup"), "{e}");
+    }
     let e = err("p,deprecated=31/12/2026");
     assert!(matches!(e, SpecError::BadDate { .. }));
     assert!(e.to_string().contains("deprecated"), "{e}");
@@ -59,6 +72,7 @@ fn a_config_file_lists_models_in_order() {
         version = "2026-11-01"
         deprecated = "2026-12-31"
         kv_cache_mib = 32
+        prompt_lookup = 12
 
         [[models]]
         source = "org/name"
@@ -73,6 +87,8 @@ fn a_config_file_lists_models_in_order() {
     assert_eq!(specs[0].aliases, ["gpt-4o-mini"]);
     assert_eq!(specs[0].deprecation, Some(1_798_675_200));
     assert_eq!(specs[0].kv_cache_mib, Some(32));
+    assert_eq!(specs[0].prompt_lookup, Some(12));
+    assert_eq!(specs[1].prompt_lookup, None);
     assert_eq!(specs[0].sunset, None);
     assert_eq!(specs[1].source, "org/name");
     assert_eq!(specs[1].revision.as_deref(), Some("main"));

@@ -52,6 +52,7 @@ fn finish(reason: FinishReason) -> Finish {
             completion_tokens: 5,
             cached_tokens: 3,
             reasoning_tokens: Some(2),
+            ..Default::default()
         }),
         ..Default::default()
     }

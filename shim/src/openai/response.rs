@@ -53,19 +53,28 @@ pub struct Usage {
     pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
-/// `usage.completion_tokens_details`.
+/// `usage.completion_tokens_details`: present when the model's reasoning
+/// was parsed or the request speculated (prompt lookup). OpenAI's
+/// prediction fields carry speculation's counts: tokens proposed that the
+/// model's samples confirmed (kept), and those it did not (computed and
+/// discarded; not part of `completion_tokens`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct CompletionTokensDetails {
     pub reasoning_tokens: u32,
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
 }
 
 impl Usage {
-    /// Adds another call's (or choice's) reasoning tokens.
-    pub fn add_reasoning(&mut self, other: Option<CompletionTokensDetails>) {
+    /// Adds another call's (or choice's) completion-token details.
+    pub fn add_details(&mut self, other: Option<CompletionTokensDetails>) {
         if let Some(o) = other {
-            self.completion_tokens_details
-                .get_or_insert_with(Default::default)
-                .reasoning_tokens += o.reasoning_tokens;
+            let d = self
+                .completion_tokens_details
+                .get_or_insert_with(Default::default);
+            d.reasoning_tokens += o.reasoning_tokens;
+            d.accepted_prediction_tokens += o.accepted_prediction_tokens;
+            d.rejected_prediction_tokens += o.rejected_prediction_tokens;
         }
     }
 }
@@ -85,11 +94,23 @@ impl From<gyre_api::v1::Usage> for Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: u.cached_tokens,
             },
-            completion_tokens_details: u
-                .reasoning_tokens
-                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
+            completion_tokens_details: details(&u),
         }
     }
+}
+
+/// The completion-token details of a call's usage, if it has any.
+fn details(u: &gyre_api::v1::Usage) -> Option<CompletionTokensDetails> {
+    let spec = u.speculative_proposed_tokens.is_some();
+    (u.reasoning_tokens.is_some() || spec).then(|| {
+        let proposed = u.speculative_proposed_tokens.unwrap_or(0);
+        let accepted = u.speculative_accepted_tokens.unwrap_or(0);
+        CompletionTokensDetails {
+            reasoning_tokens: u.reasoning_tokens.unwrap_or(0),
+            accepted_prediction_tokens: accepted,
+            rejected_prediction_tokens: proposed.saturating_sub(accepted),
+        }
+    })
 }
 
 /// `logprobs` of a choice: null, or the endpoint's format built by
