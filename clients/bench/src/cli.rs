@@ -131,6 +131,20 @@ pub struct RunArgs {
     /// Extra argument for E1's `gyre serve` (repeatable).
     #[arg(long = "embed-server-arg", allow_hyphen_values = true)]
     pub embed_server_args: Vec<String>,
+    /// P1's chat model (a GGUF file or model directory), served by a
+    /// `gyre serve` of its own.
+    #[arg(
+        long,
+        env = "GYRE_BENCH_LOOKUP_MODEL",
+        default_value = ".gyre/models/smollm2-135m-instruct.gguf"
+    )]
+    pub lookup_model: PathBuf,
+    /// P1's tokens proposed per step (`num_assistant_tokens`).
+    #[arg(long, default_value_t = 10)]
+    pub lookup_tokens: u32,
+    /// Extra argument for P1's `gyre serve` (repeatable).
+    #[arg(long = "lookup-server-arg", allow_hyphen_values = true)]
+    pub lookup_server_args: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -13,6 +13,7 @@ use crate::load::Clients;
 use crate::reference::Python;
 use crate::report;
 use crate::scenarios::embeddings::EmbedCtx;
+use crate::scenarios::lookup::LookupCtx;
 use crate::scenarios::{self, Ctx, Sizes};
 use crate::server::{Server, ServerOptions};
 
@@ -56,12 +57,27 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         results = scenarios::run_embeddings(&embed_ctx, &args.only) => results,
         () = interrupted() => anyhow::bail!("interrupted"),
     };
+    let lookup_ctx = LookupCtx {
+        bin: &bin,
+        model: std::path::absolute(&args.lookup_model)?,
+        threads,
+        device: &args.device,
+        scratch: &scratch,
+        rounds: if args.quick { 1 } else { 3 },
+        num_tokens: args.lookup_tokens,
+        server_args: &args.lookup_server_args,
+    };
+    let lookup_results = tokio::select! {
+        results = scenarios::run_lookup(&lookup_ctx, &args.only) => results,
+        () = interrupted() => anyhow::bail!("interrupted"),
+    };
     let load_after = loadavg();
     let mut results = generative
         .as_ref()
         .map(|g| g.results.clone())
         .unwrap_or_default();
     results.extend(embed_results);
+    results.extend(lookup_results);
 
     println!("\n$ {command}");
     if let Some(g) = &generative {
@@ -98,6 +114,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
             "max_model_len": g.model.max_model_len,
         })),
         "embedding_model": scenarios::selected(&args.only, "E1").then_some(&embed_ctx.model),
+        "lookup_model": scenarios::selected(&args.only, "P1").then_some(&lookup_ctx.model),
         "threads": threads,
         "device": args.device,
         "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),

@@ -9,12 +9,14 @@
 //! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
 //! | O1 | S2's load with auth, metrics (scraped every second) and tracing on vs all off: throughput, and server CPU per streamed token | ratio >= 0.98, <= 20 µs |
 //! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
+//! | P1 | prompt lookup vs plain decoding, 1 stream, edit-style chat on SmolLM2-135M-Instruct (its own server), tok/s | ratio >= 1.5 |
 //!
 //! Each scenario returns its table rows and a JSON object of details; one
 //! that fails is reported as failed and the others still run.
 
 mod cancel;
 pub mod embeddings;
+pub mod lookup;
 mod ops;
 mod overhead;
 mod prefix;
@@ -32,7 +34,7 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 7] = ["S1", "S2", "S3", "S4", "S5", "O1", "E1"];
+pub const ALL: [&str; 8] = ["S1", "S2", "S3", "S4", "S5", "O1", "E1", "P1"];
 
 /// Whether `only` (empty: all) selects scenario `id`.
 pub fn selected(only: &[String], id: &str) -> bool {
@@ -230,6 +232,33 @@ pub async fn run_embeddings(
     }]
 }
 
+/// Runs P1 when `only` selects it.
+pub async fn run_lookup(ctx: &lookup::LookupCtx<'_>, only: &[String]) -> Vec<ScenarioResult> {
+    if !selected(only, "P1") {
+        return Vec::new();
+    }
+    let (id, started) = ("P1", Instant::now());
+    eprintln!("gyre-bench: {id}: {} ...", title(id));
+    let outcome = lookup::p1(ctx).await.map_err(|e| format!("{e:#}"));
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("gyre-bench: {id} done in {seconds:.1} s");
+    let (rows, details, error) = match outcome {
+        Ok((rows, details)) => (rows, details, None),
+        Err(e) => {
+            eprintln!("gyre-bench: {id} failed: {e}");
+            (Vec::new(), Value::Null, Some(e))
+        }
+    };
+    vec![ScenarioResult {
+        id: id.to_owned(),
+        title: title(id).to_owned(),
+        rows,
+        details,
+        error,
+        seconds,
+    }]
+}
+
 /// Runs the generative scenarios (S1-S5) in `only` (all when empty), in the
 /// order of [`ALL`].
 pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
@@ -282,6 +311,7 @@ pub fn title(id: &str) -> &'static str {
         "S5" => "cancellation storm: KV blocks released",
         "O1" => "operations overhead: auth, metrics and tracing on vs all off (S2 load)",
         "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
+        "P1" => "prompt lookup vs plain decoding: 1 stream, edit-style prompts, real model",
         _ => "?",
     }
 }
