@@ -150,6 +150,60 @@ def test_grpc_request_with_lookup_matches(server):
     assert "speculativeProposedTokens" not in plain_usage, plain_usage
 
 
+def test_a_predicted_output_is_proposed_and_changes_nothing(server, sdk):
+    # A question whose answer is not in the prompt: prompt lookup alone
+    # finds little to propose, a prediction of the answer finds most of it.
+    messages = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
+
+    def ask(**extra):
+        r = sdk.chat.completions.create(model="", messages=messages, temperature=0, max_tokens=80,
+                                        extra_body=extra)
+        return r.choices[0].message.content, r.usage
+
+    plain, _ = ask(num_assistant_tokens=0)
+    looked, lookup_usage = ask()
+    # The SDK's own `prediction` parameter (OpenAI's Predicted Outputs).
+    r = sdk.chat.completions.create(model="", messages=messages, temperature=0, max_tokens=80,
+                                    prediction={"type": "content", "content": plain})
+    predicted, usage = r.choices[0].message.content, r.usage
+    assert predicted == plain == looked
+    with_prediction = usage.completion_tokens_details.accepted_prediction_tokens
+    alone = lookup_usage.completion_tokens_details.accepted_prediction_tokens
+    assert with_prediction > alone, (usage, lookup_usage)
+    assert with_prediction >= usage.completion_tokens // 2, usage
+    # `num_assistant_tokens: 0` still turns speculation off.
+    _, off = ask(num_assistant_tokens=0, prediction={"type": "content", "content": plain})
+    assert off.completion_tokens_details is None, off
+
+
+def test_bad_predictions_are_400s(sdk):
+    for prediction, param in [({"type": "guess", "content": "x"}, "prediction.type"),
+                              ({"type": "content", "content": 7}, "prediction.content"),
+                              ({"type": "content", "content": "word " * 40000}, "prediction")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            sdk.chat.completions.create(model="", messages=MESSAGES, max_tokens=2,
+                                        extra_body={"prediction": prediction})
+        assert e.value.body["param"] == param, e.value.body
+
+
+def test_a_prediction_over_grpc(server):
+    text = "The keeper of the lighthouse said:"
+    def generate(extra):
+        body = {"text": text, "sampling": {"temperature": 0}, "max_tokens": 40, **extra}
+        r = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", body).ok()
+        usage = [m["finish"]["usage"] for m in r.messages if "finish" in m][0]
+        return "".join(m.get("delta", {}).get("text", "") for m in r.messages), usage
+    plain, _ = generate({"num_assistant_tokens": 0})
+    fast, usage = generate({"prediction": plain})
+    assert fast == plain
+    assert int(usage.get("speculativeAcceptedTokens", 0)) >= 20, usage
+    # On stdin: too long for an argument.
+    long = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream",
+                            [{"text": "hi", "max_tokens": 2, "prediction": "word " * 40000}])
+    assert long.rc != 0 and long.error["code"] == "invalid_argument", long.error
+    assert "prediction" in long.error["message"], long.error
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"num_assistant_tokens": 65}, "num_assistant_tokens"),
     ({"max_ngram_size": 0}, "max_ngram_size"),

@@ -228,6 +228,9 @@ pub struct GenerateRequest {
     /// Prompt-lookup decoding (see `speculate`); None decodes a token a
     /// step.
     pub speculation: Option<Speculation>,
+    /// A predicted output's tokens, searched for proposals before the
+    /// sequence itself (with `speculation` only).
+    pub predicted: std::sync::Arc<[u32]>,
 }
 
 impl GenerateRequest {
@@ -250,6 +253,7 @@ impl GenerateRequest {
             cache_salt: String::new(),
             constraint: None,
             speculation: None,
+            predicted: std::sync::Arc::from([]),
         }
     }
 }

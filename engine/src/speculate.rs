@@ -18,6 +18,12 @@
 //! longest n-gram first (from `max_ngram` down to 1), its earliest earlier
 //! occurrence with at least one token after it, and up to `num_tokens`
 //! tokens from there.
+//!
+//! A request may also give a predicted output (OpenAI's Predicted
+//! Outputs: text the answer will largely repeat). It is searched first,
+//! with the longest context it shares with the sequence, and the
+//! sequence's own lookup is the fallback. Exactness is the same: a
+//! prediction only changes what is proposed.
 
 /// A request's speculation settings (prompt lookup).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,9 +65,50 @@ pub fn lookup(tokens: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// Tokens to propose from a predicted output (OpenAI's Predicted
+/// Outputs): at most `k`, following the earliest occurrence in `predicted`
+/// of the longest suffix n-gram of `tokens` (up to [`MAX_NGRAM`] long: a
+/// prediction is matched with as much context as it shares) that has any;
+/// else what [`lookup`] proposes from the sequence itself.
+pub fn lookup_predicted(predicted: &[u32], tokens: &[u32], max_ngram: usize, k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let longest = (MAX_NGRAM as usize).min(tokens.len()).min(predicted.len());
+    for n in (1..=longest).rev() {
+        let gram = &tokens[tokens.len() - n..];
+        if let Some(start) = predicted.windows(n).position(|w| w == gram) {
+            let from = start + n;
+            if from < predicted.len() {
+                return predicted[from..(from + k).min(predicted.len())].to_vec();
+            }
+        }
+    }
+    lookup(tokens, max_ngram, k)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::lookup;
+    use super::{lookup, lookup_predicted};
+
+    #[test]
+    fn a_prediction_is_matched_with_its_longest_context_first() {
+        //               0  1  2  3  4  5  6
+        let predicted = [5, 6, 7, 5, 6, 8, 9];
+        // [7, 5, 6] is in the prediction: what follows it (8, 9), not what
+        // follows the earlier [5, 6].
+        assert_eq!(
+            lookup_predicted(&predicted, &[1, 7, 5, 6], 2, 4),
+            vec![8, 9]
+        );
+        // Only the unigram [6] matches: its earliest occurrence.
+        assert_eq!(lookup_predicted(&predicted, &[1, 2, 6], 2, 2), vec![7, 5]);
+        // Nothing in the prediction: the sequence's own lookup.
+        assert_eq!(lookup_predicted(&predicted, &[3, 4, 3], 2, 2), vec![4, 3]);
+        // A match at the prediction's end has nothing to propose.
+        assert_eq!(lookup_predicted(&[1, 2], &[2], 2, 3), Vec::<u32>::new());
+        assert!(lookup_predicted(&predicted, &[5, 6], 2, 0).is_empty());
+    }
 
     #[test]
     fn the_longest_ngram_wins_and_its_earliest_occurrence() {

@@ -308,7 +308,12 @@ impl Worker {
             while k > 0 && self.model.kv_regime(s.tokens.len() + k) != s.kv_regime {
                 k -= 1;
             }
-            let drafts = crate::speculate::lookup(&s.tokens, spec.max_ngram as usize, k);
+            let drafts = crate::speculate::lookup_predicted(
+                &g.req.predicted,
+                &s.tokens,
+                spec.max_ngram as usize,
+                k,
+            );
             s.drafts = drafts.len();
             s.tokens.extend(drafts);
         }

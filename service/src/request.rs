@@ -214,15 +214,49 @@ fn speculation(
             format!("max_ngram_size must be between 1 and {MAX_NGRAM}, got {n}"),
         ));
     }
-    let num_tokens = match (req.num_assistant_tokens, req.max_ngram_size) {
-        (Some(k), _) => k,
-        (None, Some(_)) if model.prompt_lookup_tokens == 0 => DEFAULT_LOOKUP_TOKENS,
-        (None, _) => model.prompt_lookup_tokens,
+    // `max_ngram_size` or a prediction alone asks for speculation.
+    let asked =
+        req.max_ngram_size.is_some() || req.prediction.as_deref().is_some_and(|p| !p.is_empty());
+    let num_tokens = match req.num_assistant_tokens {
+        Some(k) => k,
+        None if asked && model.prompt_lookup_tokens == 0 => DEFAULT_LOOKUP_TOKENS,
+        None => model.prompt_lookup_tokens,
     };
     Ok((num_tokens > 0).then(|| gyre_engine::Speculation {
         num_tokens,
         max_ngram: req.max_ngram_size.unwrap_or(DEFAULT_MAX_NGRAM),
     }))
+}
+
+/// Most tokens a predicted output may have.
+pub const MAX_PREDICTION_TOKENS: usize = 32_768;
+
+/// A request's predicted output as tokens (empty without one, or when it
+/// does not speculate).
+fn predicted(
+    model: &ModelRuntime,
+    req: &v1::Request,
+    speculation: Option<gyre_engine::Speculation>,
+) -> Result<Arc<[u32]>, ServiceError> {
+    let Some(text) = req.prediction.as_deref().filter(|p| !p.is_empty()) else {
+        return Ok(Arc::from([]));
+    };
+    let ids = model.encode(text, false)?;
+    if ids.len() > MAX_PREDICTION_TOKENS {
+        return Err(ServiceError::invalid(
+            "prediction",
+            "TOO_LONG",
+            format!(
+                "prediction has {} tokens; at most {MAX_PREDICTION_TOKENS} are allowed",
+                ids.len()
+            ),
+        ));
+    }
+    Ok(if speculation.is_some() {
+        Arc::from(ids)
+    } else {
+        Arc::from([])
+    })
 }
 
 /// The model a request names; empty means the first one.
@@ -518,6 +552,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         (c, _) => c,
     };
     let speculation = speculation(&model, req)?;
+    let predicted = predicted(&model, req, speculation)?;
     let engine_req = GenerateRequest {
         prompt,
         max_tokens,
@@ -534,6 +569,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         cache_salt: req.cache_salt.clone().unwrap_or_default(),
         constraint,
         speculation,
+        predicted,
     };
     Ok(Prepared {
         model,

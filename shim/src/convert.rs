@@ -94,6 +94,18 @@ impl ChatRequest {
         };
         let (mut request, mode) = common_to_proto(self.common, request_id, input)?;
         request.logprobs = logprobs_k;
+        if let Some(p) = chat.prediction {
+            if p.kind != "content" {
+                return Err(ApiError::invalid_request(
+                    format!(
+                        "prediction.type must be 'content', got '{}'.",
+                        gyre_api::clip(&p.kind)
+                    ),
+                    Some("prediction.type"),
+                ));
+            }
+            request.prediction = Some(p.content.0);
+        }
         if let Some(f) = format {
             if request.structured.is_some() {
                 return Err(ApiError::invalid_request(
@@ -407,6 +419,8 @@ fn common_to_proto(
         structured,
         num_assistant_tokens: common.num_assistant_tokens,
         max_ngram_size: common.max_ngram_size,
+        // Chat only: set by the chat conversion.
+        prediction: None,
     };
     Ok((request, mode))
 }

@@ -133,6 +133,14 @@ fn chat_errors_name_params() {
             json!({"model": "m", "messages": msgs, "top_logprobs": 2}),
             "top_logprobs",
         ),
+        (
+            json!({"model": "m", "messages": msgs, "prediction": {"type": "guess", "content": "x"}}),
+            "prediction.type",
+        ),
+        (
+            json!({"model": "m", "messages": msgs, "prediction": {"type": "content", "content": 5}}),
+            "prediction.content",
+        ),
     ];
     for (body, expected) in cases {
         let err = chat(body.clone()).expect_err("invalid");
@@ -230,4 +238,15 @@ fn n_maps_to_the_proto() {
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3});
     let (req, _) = chat(body).expect("valid");
     assert_eq!(req.n, Some(3));
+}
+
+#[test]
+fn a_prediction_maps_to_its_text() {
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    let (r, _) = chat(json!({"model": "m", "messages": msgs,
+        "prediction": {"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}))
+    .expect("valid");
+    assert_eq!(r.prediction.as_deref(), Some("a\nb"));
+    let (r, _) = chat(json!({"model": "m", "messages": msgs})).expect("valid");
+    assert_eq!(r.prediction, None);
 }

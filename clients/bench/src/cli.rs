@@ -33,11 +33,12 @@ pub struct Cli {
 pub enum Command {
     /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
     /// transformers, and E1 (embeddings) against sentence-transformers on an
-    /// embedding model; print a table and write JSON.
-    Run(RunArgs),
+    /// embedding model, and P1 (prompt lookup) on a real chat model; print a
+    /// table and write JSON.
+    Run(Box<RunArgs>),
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
-    Load(LoadArgs),
+    Load(Box<LoadArgs>),
 }
 
 #[derive(Debug, Args)]

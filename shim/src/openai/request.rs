@@ -169,6 +169,17 @@ pub struct ChatParams {
     /// Extension (vLLM): a chat template for this request (the server must
     /// trust request templates).
     pub chat_template: Option<String>,
+    /// OpenAI's Predicted Outputs: text the answer will largely repeat,
+    /// used for speculative proposals.
+    pub prediction: Option<Prediction>,
+}
+
+/// `prediction`: `{"type": "content", "content": string | text parts}`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Prediction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub content: MessageContent,
 }
 
 /// `response_format`.

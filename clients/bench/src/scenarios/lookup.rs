@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use gyre_api::v1::generation_client::GenerationClient;
 use gyre_api::v1::{self, generate_response::Event, request::Input};
-use serde_json::{Value, json};
+use serde_json::json;
 use tonic::transport::Channel;
 
 use super::{Outcome, median};
@@ -232,5 +232,5 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
         "accepted": accepted,
         "tasks": per_task,
     });
-    Ok((rows, Value::from(details)))
+    Ok((rows, details))
 }
