@@ -11,6 +11,7 @@ stored-response and conversation routes; gRPC `Tokenize`, `ListModels`,
 `Responses.Get`) carry the figures as they stand, unchanged by the call.
 On the bidi `Generate` the headers are the call's response head, sent as
 the call opens: they show the tenant's figures before any request on it.
+A refused request (400 / INVALID_ARGUMENT) carries them too, uncounted.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ NAMES = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-rate
 HTTP_COUNTED = ("chat", "chat_stream", "completions", "completions_stream", "embeddings",
                 "responses", "responses_stream", "openai_sdk_chat")
 GRPC_COUNTED = ("generate_stream", "generate_bidi", "responses_create", "embed")
-UNCOUNTED = ("http_uncounted", "grpc_uncounted")
+UNCOUNTED = ("http_uncounted", "grpc_uncounted", "refused")
 TENANTS = {name: {"requests_per_minute": RPM, "tokens_per_minute": TPM}
            for name in (*HTTP_COUNTED, *GRPC_COUNTED, *UNCOUNTED)}
 
@@ -220,3 +221,21 @@ def test_grpc_routes_no_quota_counts_answer_the_figures_unchanged(server):
         got, call = responses.Get.with_call(rpb.GetResponseRequest(response_id=rid), metadata=metadata(tenant))
         assert got.id == rid
         assert remaining(call.initial_metadata()) == after - 1
+
+
+def test_a_refused_request_carries_the_figures_on_both_protocols(server):
+    tenant = "refused"
+    bad = {"model": QWEN, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": -1}
+    reply = harness.http_json(server.http, "/v1/chat/completions", bad, headers=auth(tenant))
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"]["param"] == "temperature"
+    assert remaining(reply.headers) == RPM
+    with grpc.insecure_channel(server.grpc) as channel:
+        call = pb_grpc.GenerationStub(channel).GenerateStream(
+            pb.Request(model=QWEN, text="Hi", max_tokens=3, sampling=pb.SamplingParams(temperature=-1)),
+            metadata=metadata(tenant))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        meta = {**dict(refused.value.initial_metadata() or ()), **dict(refused.value.trailing_metadata() or ())}
+        assert remaining(meta) == RPM
