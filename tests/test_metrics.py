@@ -1,8 +1,9 @@
 """Prometheus metrics (`/metrics`): the exposition a real `gyre serve` gives
 after real requests (every documented name with its labels, histogram
 buckets from 1 ms to minutes, counts that match what was sent, engine
-figures that match GetStats), the API key on the HTTP port and the open
-`--metrics-addr`, `--metrics-vllm-names`, `--disable-metrics`, and a real
+figures that match GetStats), the API key (or a tenant key of the keys
+file) on the HTTP port unless `--open-endpoints`, the open `--metrics-addr`,
+`--metrics-vllm-names`, `--disable-metrics`, and a real
 Prometheus server (the Debian package) scraping gyre every second and
 answering a counter and a histogram query through its HTTP API."""
 
@@ -157,6 +158,50 @@ def test_the_http_port_wants_the_key_and_the_metrics_address_does_not(server):
     assert "gyre:kv_blocks_total{" in open_reply.body.decode()
     # It serves /metrics only.
     assert harness.http_request(server.metrics, "GET", "/v1/models").status == 404
+
+
+def assert_refused(reply: harness.HttpReply):
+    assert reply.status == 401, reply.body
+    err = reply.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["code"] == "invalid_api_key", err
+
+
+def test_with_a_keys_file_the_http_port_wants_a_tenant_key_and_the_metrics_address_does_not(
+        module_server, tmp_path):
+    from test_tenants import keys_file
+    path = tmp_path / "keys.toml"
+    path.write_text(keys_file({"team": {"requests_per_minute": 100}}, {"key-team": "team"}))
+    server = module_server(MODEL, "--keys-file", str(path), "--metrics-addr", "127.0.0.1:0")
+    chat(server, "hi", headers={"Authorization": "Bearer key-team"})
+    assert_refused(scrape(server.http))
+    assert_refused(scrape(server.http, headers={"Authorization": "Bearer key-nobody"}))
+    served = scrape(server.http, headers={"Authorization": "Bearer key-team"})
+    assert served.status == 200, served.body
+    _, samples = parse(served.body.decode())
+    assert value(samples, "gyre:request_success_total", model_name=MODEL) == 1
+    # The operator's own address stays open.
+    assert scrape(server.metrics).status == 200
+
+
+@pytest.mark.parametrize("auth", ["keys_file", "api_key"])
+def test_open_endpoints_leaves_the_http_ports_metrics_open(module_server, tmp_path, auth):
+    from test_tenants import keys_file
+    if auth == "keys_file":
+        path = tmp_path / "keys.toml"
+        path.write_text(keys_file({"team": {}}, {"key-team": "team"}))
+        flags, key = ("--keys-file", str(path)), "key-team"
+    else:
+        flags, key = ("--api-key", KEY), KEY
+    server = module_server(MODEL, *flags, "--open-endpoints")
+    chat(server, "hi", headers={"Authorization": f"Bearer {key}"})
+    reply = scrape(server.http)
+    assert reply.status == 200, reply.body
+    _, samples = parse(reply.body.decode())
+    assert value(samples, "gyre:request_success_total", model_name=MODEL) == 1
+    # Only /metrics is opened: generation still wants the key.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert harness.http_json(server.http, "/v1/chat/completions", body).status == 401
 
 
 def test_vllm_names_flag_renames_the_metrics_vllm_has(module_server):

@@ -4,7 +4,9 @@ carries a W3C `traceparent` must give one trace, the caller's: the shim's
 HTTP span under the caller's span, the service's span under the shim's (the
 link across the gRPC hop), the engine's spans under the service's, with the
 GenAI attributes of the request and its answer. A direct gRPC call with
-`traceparent` metadata continues the caller's trace the same way."""
+`traceparent` metadata continues the caller's trace the same way. Embeddings
+and Responses requests over HTTP, and a request on the bidi `Generate`
+stream, have their service span under the caller's too."""
 
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ from gyre.v1 import generate_pb2 as pb  # noqa: E402
 from gyre.v1 import generate_pb2_grpc as pb_grpc  # noqa: E402
 
 ENGINE_SPANS = {"queue_wait", "prefill", "first_token", "decode", "detokenize"}
+EMBED = "all-minilm-l6-v2"
 
 
 @pytest.fixture(scope="module")
 def traced():
     receiver = Receiver()
     argv = [str(harness.GYRE_BIN), "serve", "--model", str(harness.model_dir(QWEN)),
-            "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0",
+            "--model", str(harness.model_dir(EMBED)), "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0",
             "--otlp-endpoint", receiver.endpoint]
     # Export batches every 100 ms rather than the SDK's default 5 s.
     server = harness.Server.start(argv, env={**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "100"})
@@ -143,6 +146,75 @@ def test_a_refused_request_is_traced_with_its_error(traced):
     assert service.parent_span_id == by_name(spans, "POST /v1/chat/completions").span_id
     assert service.attrs["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
     assert not ENGINE_SPANS & {s.name for s in spans}
+
+
+def test_an_http_embeddings_request_has_its_service_span_under_the_shims(traced):
+    server, receiver = traced
+    trace_id, caller_span, traceparent = caller_context()
+    reply = harness.http_json(server.http, "/v1/embeddings", {"model": EMBED, "input": ["a cat", "a dog"]},
+                              headers={"traceparent": traceparent, "X-Request-Id": "trace-embed-1"})
+    assert reply.status == 200, reply.body
+    usage = reply.json()["usage"]
+    service_name = f"embeddings {EMBED}"
+    spans = receiver.wait_for(trace_id, {"POST /v1/embeddings", service_name})
+    assert {s.trace_id for s in spans} == {trace_id}
+    shim = by_name(spans, "POST /v1/embeddings")
+    assert shim.parent_span_id == caller_span
+    service = by_name(spans, service_name)
+    assert service.parent_span_id == shim.span_id and service.kind == SERVER
+    a = service.attrs
+    assert a["gen_ai.operation.name"] == "embeddings"
+    assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == EMBED
+    assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"] > 0
+    assert a["rpc.method"] == "gyre.v1.Embeddings/Embed"
+    assert a["gyre.request_id"] == "trace-embed-1"
+    assert not ENGINE_SPANS & {s.name for s in spans}
+
+
+def test_an_http_responses_create_is_one_trace_with_engine_spans(traced):
+    server, receiver = traced
+    trace_id, caller_span, traceparent = caller_context()
+    reply = harness.http_json(server.http, "/v1/responses",
+                              {"model": QWEN, "input": "Trace this response", "max_output_tokens": 4},
+                              headers={"traceparent": traceparent, "X-Request-Id": "trace-resp-1"})
+    assert reply.status == 200, reply.body
+    answer = reply.json()
+    service_name = f"chat {QWEN}"
+    spans = receiver.wait_for(trace_id, {"POST /v1/responses", service_name, *ENGINE_SPANS})
+    shim = by_name(spans, "POST /v1/responses")
+    assert shim.parent_span_id == caller_span
+    service = by_name(spans, service_name)
+    assert service.parent_span_id == shim.span_id
+    a = service.attrs
+    assert a["rpc.method"] == "gyre.v1.Responses/Create"
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.response.id"] == answer["id"]
+    assert a["gen_ai.usage.input_tokens"] == answer["usage"]["input_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == answer["usage"]["output_tokens"]
+    assert a["gyre.request_id"] == "trace-resp-1"
+    check_engine_spans(spans, service)
+
+
+def test_a_request_on_the_bidi_generate_stream_continues_the_callers_trace(traced):
+    server, receiver = traced
+    trace_id, caller_span, traceparent = caller_context()
+    start = pb.GenerateRequest(start=pb.Request(request_id="bidi-trace-1", model=QWEN, text="Once upon",
+                                                max_tokens=3, ignore_eos=True))
+    with grpc.insecure_channel(server.grpc) as channel:
+        events = list(pb_grpc.GenerationStub(channel).Generate(iter([start]),
+                                                               metadata=[("traceparent", traceparent)]))
+    finish = events[-1].finish
+    assert finish.reason == pb.FINISH_REASON_LENGTH, events[-1]
+    service_name = f"text_completion {QWEN}"
+    spans = receiver.wait_for(trace_id, {service_name, *ENGINE_SPANS})
+    service = by_name(spans, service_name)
+    assert service.parent_span_id == caller_span
+    a = service.attrs
+    assert a["rpc.method"] == "gyre.v1.Generation/Generate"
+    assert a["gyre.request_id"] == a["gen_ai.response.id"] == "bidi-trace-1"
+    assert a["gen_ai.usage.output_tokens"] == finish.usage.completion_tokens == 3
+    assert a["gen_ai.response.finish_reasons"] == ["length"]
+    check_engine_spans(spans, service)
 
 
 def test_a_standalone_shim_and_service_join_one_trace_from_the_environment():

@@ -233,8 +233,11 @@ struct GrpcArgs {
     /// of --api-key.
     #[arg(long, env = "GYRE_KEYS_FILE", conflicts_with = "api_key")]
     keys_file: Option<std::path::PathBuf>,
-    /// With --keys-file: leave gRPC health, server reflection and HTTP
-    /// /health open to callers without a key (otherwise they need one).
+    /// Leave the probes open to callers without a key: with --keys-file,
+    /// gRPC health and server reflection (otherwise they need one); with
+    /// --keys-file or --api-key, /metrics on the HTTP port (otherwise it
+    /// needs a valid key; --metrics-addr is always open). HTTP /health
+    /// and /version are always open.
     #[arg(long, env = "GYRE_OPEN_ENDPOINTS")]
     open_endpoints: bool,
     /// Turns the admin service (gyre.v1.Admin: load and unload models) on,
@@ -651,6 +654,16 @@ async fn run() -> anyhow::Result<()> {
                 .display()
         )
     })?;
+    // `/metrics` on the HTTP port: open with --open-endpoints, else behind
+    // a tenant key with a keys file (--api-key: the shim's own check).
+    let metrics_access = match (&keys, grpc.open_endpoints) {
+        (_, true) => gyre_shim::metrics::Access::Open,
+        (Some(store), false) => {
+            let store = store.clone();
+            gyre_shim::metrics::Access::Keys(Arc::new(move |token: &str| store.knows(token)))
+        }
+        (None, false) => gyre_shim::metrics::Access::AsRoutes,
+    };
     let server_opts = ServerOptions {
         api_key: grpc.api_key.clone(),
         keys,
@@ -703,6 +716,7 @@ async fn run() -> anyhow::Result<()> {
             cfg.upstream_tls = tls.as_ref().map(|t| t.loopback_client()).transpose()?;
             cfg.idempotency = http.idempotency.settings();
             cfg.api_key = grpc.api_key;
+            cfg.metrics_access = metrics_access;
             cfg.cors_allow_origins = http.cors_allow_origin;
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);

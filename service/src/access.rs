@@ -74,6 +74,12 @@ impl KeyStore {
             .clone()
     }
 
+    /// Whether `token` is one of the current keys (for routes outside the
+    /// gRPC services, such as the HTTP port's `/metrics`).
+    pub fn knows(&self, token: &str) -> bool {
+        self.current().find(token).is_some()
+    }
+
     /// Reads the file again; on an error keeps the current keys and logs
     /// why. `why`: what asked for the reload (for the log).
     pub fn reload(&self, why: &str) -> bool {
@@ -211,6 +217,19 @@ impl KeyStore {
         }
     }
 
+    /// The rate-limit headers of `policy`'s tenant as its counters stand
+    /// now (nothing counted: a tenant with no request yet has its whole
+    /// allowance).
+    fn headers_now(&self, policy: &Policy) -> Vec<(&'static str, String)> {
+        let now = Instant::now();
+        let quotas = lock(&self.quotas);
+        let snapshot = match quotas.get(&policy.tenant.name) {
+            Some(q) => q.snapshot(now, &policy.limits),
+            None => Quota::default().snapshot(now, &policy.limits),
+        };
+        headers(&snapshot)
+    }
+
     fn settle(&self, tenant: &Arc<str>, reserve: u64, used: u64) {
         if let Some(q) = lock(&self.quotas).get_mut(tenant) {
             q.settle(Instant::now(), reserve, used);
@@ -282,6 +301,12 @@ impl Caller {
         } else {
             Err(ServiceError::ModelNotAllowed(asked.to_string()))
         }
+    }
+
+    /// The tenant's rate-limit headers as they stand now (see
+    /// [`crate::limit_headers`], which puts them on every answer).
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        self.store.headers_now(&self.policy)
     }
 
     /// Admits a request that may use up to `reserve` tokens.

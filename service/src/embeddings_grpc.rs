@@ -1,6 +1,7 @@
 //! The `gyre.v1.Embeddings` service over the hosted embedding models: input
 //! checks and tokenizing off the async threads, then the model's embedding
-//! worker, which batches concurrent calls together.
+//! worker, which batches concurrent calls together. Each call has its
+//! `gyre::request` log line and, traced, its span (`observe`).
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use crate::access::Caller;
 use crate::embeddings::{Inputs, embed_error};
 use crate::error::ServiceError;
 use crate::grpc::model_metadata;
+use crate::observe::RequestObs;
 use crate::registry::{Entry, Registry};
 
 #[derive(Clone)]
@@ -92,7 +94,15 @@ impl Embeddings for EmbeddingsService {
         request: Request<EmbedRequest>,
     ) -> Result<Response<EmbedResponse>, Status> {
         let caller = Caller::of(&request);
-        let (out, entry) = EmbeddingsService::embed(self, request.into_inner(), caller).await?;
+        // Logged (and traced) when the call is answered.
+        let obs = RequestObs::start(&request, "gyre.v1.Embeddings/Embed");
+        let req = request.into_inner();
+        obs.describe("embeddings", &req.model, "");
+        let (out, entry) = EmbeddingsService::embed(self, req, caller)
+            .await
+            .inspect_err(|e| obs.failed_with(e))?;
+        let tokens = out.usage.as_ref().map_or(0, |u| u.prompt_tokens);
+        obs.embedded(&entry.card.id, tokens);
         let mut response = Response::new(out);
         model_metadata(response.metadata_mut(), &entry);
         Ok(response)

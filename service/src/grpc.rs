@@ -287,11 +287,13 @@ impl Generation for GenerationService {
         // The call's deadline bounds every request on the stream.
         let deadline = deadline_of(request.metadata());
         let tenant = Tenant::of(&request);
+        let parent = crate::observe::parent_for(request.metadata());
         Ok(Response::new(crate::multiplex::serve(
             self.for_request(&request),
             request.into_inner(),
             deadline,
             tenant,
+            parent,
         )))
     }
 
@@ -320,7 +322,6 @@ impl Generation for GenerationService {
             }
         };
         obs.prepared(&entry.card.id, &p);
-        let limits = p.admission.as_ref().map(|a| a.headers());
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let (cancel_tx, cancel_rx) = watch::channel(false);
         GenerationService::spawn_choices(
@@ -339,9 +340,6 @@ impl Generation for GenerationService {
         tokio::spawn(async move { cancel_tx.closed().await });
         let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as EventStream);
         model_metadata(response.metadata_mut(), &entry);
-        if let Some(h) = limits {
-            crate::access::put_headers(response.metadata_mut(), &h);
-        }
         request_id_metadata(response.metadata_mut(), &request_id);
         Ok(response)
     }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod grpc;
 pub mod holdback;
 pub mod keys;
+pub mod limit_headers;
 pub mod metrics;
 pub mod multiplex;
 pub mod observe;

@@ -12,6 +12,9 @@
 //!   over the size limit, or the client gone), the call ends at once with
 //!   that status (INVALID_ARGUMENT for malformed protobuf; never OK) and
 //!   every request still running is cancelled, without further events.
+//! - Each started request has its own record (`observe`): a
+//!   `gyre::request` log line under its own id and, traced, a span under
+//!   the call's `traceparent`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +35,7 @@ use crate::error::ServiceError;
 use crate::grpc::{
     EventStream, GenerationService, Mode, Out, STREAM_BUFFER, Tag, fail, request_error,
 };
+use crate::observe::RequestObs;
 use crate::tenant::Tenant;
 
 /// Serves one `Generate` call: reads the client's messages in a task of its
@@ -41,19 +45,17 @@ pub(crate) fn serve(
     inbound: Streaming<GenerateRequest>,
     deadline: Option<Instant>,
     tenant: Tenant,
+    parent: Option<opentelemetry::Context>,
 ) -> EventStream {
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     let (abort_tx, abort_rx) = oneshot::channel();
     let ids = Arc::new(Ids::default());
-    tokio::spawn(read_client(
-        svc,
-        inbound,
-        out,
-        abort_tx,
-        ids.clone(),
+    let call = Call {
         deadline,
         tenant,
-    ));
+        parent,
+    };
+    tokio::spawn(read_client(svc, inbound, out, abort_tx, ids.clone(), call));
     Box::pin(Outbound {
         rx,
         abort: Some(abort_rx),
@@ -62,6 +64,17 @@ pub(crate) fn serve(
     })
 }
 
+/// What every request of one call shares.
+struct Call {
+    /// From the call's `grpc-timeout`.
+    deadline: Option<Instant>,
+    tenant: Tenant,
+    /// The call's trace context (tracing on).
+    parent: Option<opentelemetry::Context>,
+}
+
+const METHOD: &str = "gyre.v1.Generation/Generate";
+
 /// The client's messages, until it half-closes or its side breaks.
 async fn read_client(
     svc: GenerationService,
@@ -69,8 +82,7 @@ async fn read_client(
     out: Out,
     abort: oneshot::Sender<Status>,
     ids: Arc<Ids>,
-    deadline: Option<Instant>,
-    tenant: Tenant,
+    call: Call,
 ) {
     loop {
         let msg = match inbound.message().await {
@@ -86,7 +98,7 @@ async fn read_client(
             }
         };
         match msg.action {
-            Some(Action::Start(req)) => start(&svc, req, &out, &ids, deadline, &tenant).await,
+            Some(Action::Start(req)) => start(&svc, req, &out, &ids, &call).await,
             Some(Action::Cancel(Cancel { request_id })) => ids.cancel(&request_id),
             None => {}
         }
@@ -94,14 +106,7 @@ async fn read_client(
 }
 
 /// Takes the request's id and runs it, or answers `rejected`.
-async fn start(
-    svc: &GenerationService,
-    req: v1::Request,
-    out: &Out,
-    ids: &Arc<Ids>,
-    deadline: Option<Instant>,
-    tenant: &Tenant,
-) {
+async fn start(svc: &GenerationService, req: v1::Request, out: &Out, ids: &Arc<Ids>, call: &Call) {
     let tag = Tag {
         obs: None,
         id: req.request_id.clone(),
@@ -131,10 +136,19 @@ async fn start(
             return;
         }
     };
-    let (svc, out, ids, tenant) = (svc.clone(), out.clone(), ids.clone(), tenant.clone());
+    let (svc, out, ids, tenant) = (svc.clone(), out.clone(), ids.clone(), call.tenant.clone());
+    let deadline = call.deadline;
+    let obs = RequestObs::child(
+        tag.id.clone(),
+        tenant.name.clone(),
+        call.parent.clone(),
+        METHOD,
+    );
+    obs.request(&req);
     tokio::spawn(async move {
-        match svc.prepare(req, &tenant).await {
-            Ok((p, choices)) => {
+        match svc.prepare_entry(req, &tenant).await {
+            Ok((p, choices, entry)) => {
+                obs.prepared(&entry.card.id, &p);
                 ids.expect_finishes(&tag.id, choices.len());
                 GenerationService::spawn_choices(
                     &tag.id,
@@ -144,10 +158,14 @@ async fn start(
                     &cancel,
                     Mode::Multiplexed,
                     deadline,
-                    None,
+                    Some(Arc::new(obs)),
                 )
             }
-            Err(e) => fail(&tag, &out, Mode::Multiplexed, e).await,
+            Err(e) => {
+                obs.failed_with(&e);
+                drop(obs);
+                fail(&tag, &out, Mode::Multiplexed, e).await
+            }
         }
     });
 }

@@ -1,6 +1,7 @@
-//! What the service records about each `GenerateStream` call: one
-//! `gyre::request` log line when it ends and, with tracing on, its span and
-//! the engine's spans under it.
+//! What the service records about each request (a `GenerateStream` call,
+//! each request started on a `Generate` stream, a Responses `Create`, an
+//! `Embed` call): one `gyre::request` log line when it ends and, with
+//! tracing on, its span and the engine's spans under it.
 //!
 //! A [`RequestObs`] is made when the call arrives (request id from the
 //! `x-request-id` metadata or a fresh UUID, tenant, parent trace context
@@ -68,6 +69,12 @@ impl opentelemetry::propagation::Extractor for MetaCarrier<'_> {
     }
 }
 
+/// The parent trace context of a call's requests when tracing is on (see
+/// [`RequestObs::child`]).
+pub(crate) fn parent_for(meta: &tonic::metadata::MetadataMap) -> Option<Context> {
+    config().trace.then(|| parent_of(meta))
+}
+
 /// The parent trace context a call's metadata carries (W3C).
 fn parent_of(meta: &tonic::metadata::MetadataMap) -> Context {
     use opentelemetry::propagation::TextMapPropagator as _;
@@ -120,17 +127,49 @@ pub(crate) struct RequestObs {
 impl RequestObs {
     /// The record of a call to `method` as it arrives.
     pub(crate) fn start<T>(req: &tonic::Request<T>, method: &'static str) -> Self {
+        let id = given_id(req.metadata()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let parent = parent_for(req.metadata());
+        Self::child(id, Tenant::of(req).name, parent, method)
+    }
+
+    /// The record of one of a call's requests (`id`: the request's own),
+    /// under the call's `parent` context ([`parent_for`]).
+    pub(crate) fn child(
+        id: String,
+        tenant: Arc<str>,
+        parent: Option<Context>,
+        method: &'static str,
+    ) -> Self {
         let config = config();
         Self {
-            id: given_id(req.metadata()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            id,
             method,
-            tenant: Tenant::of(req).name,
+            tenant,
             start: Instant::now(),
             start_wall: SystemTime::now(),
-            parent: config.trace.then(|| parent_of(req.metadata())),
+            parent: parent.filter(|_| config.trace),
             config,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Notes what a request that is not a `v1::Request` asks for: its
+    /// GenAI operation, model and response id.
+    pub(crate) fn describe(&self, operation: &'static str, model: &str, response_id: &str) {
+        self.with(|s| {
+            s.operation = operation;
+            model.clone_into(&mut s.model);
+            response_id.clone_into(&mut s.response_id);
+        });
+    }
+
+    /// Notes an embedding request's model and its input tokens (it has no
+    /// choices and no output tokens).
+    pub(crate) fn embedded(&self, model: &str, input_tokens: u32) {
+        self.with(|s| {
+            s.response_model = Some(model.to_owned());
+            s.input_tokens = input_tokens;
+        });
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> Option<R> {
@@ -169,6 +208,12 @@ impl RequestObs {
     /// Notes that the call failed before any choice ran.
     pub(crate) fn failed(&self, status: &tonic::Status) {
         self.with(|s| s.error = Some((status.code(), status.message().to_owned())));
+    }
+
+    /// [`Self::failed`], with the service's error.
+    pub(crate) fn failed_with(&self, e: &crate::error::ServiceError) {
+        let (code, _, _, message) = e.parts();
+        self.with(|s| s.error = Some((code, message)));
     }
 
     /// Whether choices should time their detokenizing and keep their text.
@@ -424,36 +469,5 @@ fn finish_name(r: v1::FinishReason) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_usable_request_id_is_kept_and_others_replaced() {
-        let mut req = tonic::Request::new(());
-        req.metadata_mut()
-            .insert(REQUEST_ID, "abc-1".parse().expect("ascii"));
-        assert_eq!(RequestObs::start(&req, "m").id, "abc-1");
-        req.metadata_mut()
-            .insert(REQUEST_ID, "a b".parse().expect("ascii"));
-        let generated = RequestObs::start(&req, "m").id.clone();
-        assert!(uuid::Uuid::parse_str(&generated).is_ok(), "{generated}");
-    }
-
-    #[test]
-    fn the_parent_comes_from_traceparent() {
-        let mut meta = tonic::metadata::MetadataMap::new();
-        meta.insert(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-                .parse()
-                .expect("ascii"),
-        );
-        let cx = parent_of(&meta);
-        let sc = cx.span().span_context().clone();
-        assert_eq!(
-            sc.trace_id().to_string(),
-            "4bf92f3577b34da6a3ce929d0e0e4736"
-        );
-        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
-    }
-}
+#[path = "observe_tests.rs"]
+mod tests;

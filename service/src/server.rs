@@ -22,6 +22,7 @@ use crate::admin::{AdminKeyCheck, AdminService};
 use crate::deep_health::DeepHealth;
 use crate::embeddings_grpc::EmbeddingsService;
 use crate::grpc::GenerationService;
+use crate::limit_headers::RateLimitHeaders;
 use crate::registry::load::LoadDefaults;
 use crate::registry::{Entry, Registry};
 use crate::responses::{ResponsesService, Store, StoreConfig};
@@ -151,17 +152,25 @@ pub async fn grpc_service_for(
         Auth::Keys(_) if !opts.open_endpoints => auth.clone(),
         _ => Auth::Open,
     };
+    // The tenant's routes: the key check, then the rate-limit headers on
+    // every answer (`limit_headers`).
     let embeddings = InterceptedService::new(
-        EmbeddingsServer::new(EmbeddingsService::new(registry.clone(), draining.clone())),
+        RateLimitHeaders::new(EmbeddingsServer::new(EmbeddingsService::new(
+            registry.clone(),
+            draining.clone(),
+        ))),
         Authenticate::new(auth.clone()),
     );
     let gen_service = GenerationService::with_registry(registry.clone(), draining.clone());
     let responses = InterceptedService::new(
-        ResponsesServer::new(ResponsesService::new(gen_service.clone(), store)),
+        RateLimitHeaders::new(ResponsesServer::new(ResponsesService::new(
+            gen_service.clone(),
+            store,
+        ))),
         Authenticate::new(auth.clone()),
     );
     let generation = InterceptedService::new(
-        GenerationServer::new(gen_service),
+        RateLimitHeaders::new(GenerationServer::new(gen_service)),
         Authenticate::new(auth.clone()),
     );
     let admin = InterceptedService::new(

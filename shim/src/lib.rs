@@ -98,6 +98,8 @@ pub struct ShimConfig {
     pub upstream_keepalive_interval: Option<Duration>,
     /// How long such a PING may go unanswered.
     pub upstream_keepalive_timeout: Duration,
+    /// Who may read `/metrics` (see [`metrics::Access`]).
+    pub metrics_access: metrics::Access,
 }
 
 /// Largest response header block the shim accepts from the service. h2
@@ -123,6 +125,7 @@ impl ShimConfig {
             sse_heartbeat: Some(keepalive::SSE_HEARTBEAT),
             upstream_keepalive_interval: Some(keepalive::UPSTREAM_KEEPALIVE_INTERVAL),
             upstream_keepalive_timeout: keepalive::UPSTREAM_KEEPALIVE_TIMEOUT,
+            metrics_access: metrics::Access::AsRoutes,
         }
     }
 }
@@ -148,6 +151,8 @@ pub struct AppState {
     /// The process's metrics, rendered at `/metrics` (None: metrics off,
     /// `/metrics` is a 404).
     pub(crate) metrics: Option<metrics::Metrics>,
+    /// Who may read `/metrics`.
+    pub(crate) metrics_access: metrics::Access,
 }
 
 impl AppState {
@@ -201,6 +206,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         idempotency: Arc::new(idempotency::Store::new(cfg.idempotency)),
         sse_heartbeat: cfg.sse_heartbeat,
         metrics: None,
+        metrics_access: cfg.metrics_access,
     })
 }
 
@@ -320,27 +326,36 @@ pub async fn serve_tls(
     Ok(())
 }
 
-/// Rejects requests without the configured bearer key (401).
+/// Rejects requests without the configured bearer key (401); `/metrics`
+/// as [`metrics::Access`] says.
 async fn authenticate(
     State(state): State<AppState>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    let path = req.uri().path();
+    let metrics_access = (path == "/metrics").then_some(&state.metrics_access);
     // Probes (load balancers, orchestrators) carry no key.
-    let open = matches!(req.uri().path(), "/health" | "/version");
-    if let Some(key) = state.api_key.as_ref().filter(|_| !open) {
-        let given = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(gyre_api::auth::bearer_token);
-        match given {
-            None => return Err(ApiError::missing_api_key()),
-            Some(given) if !gyre_api::auth::constant_time_eq(given.as_bytes(), key.as_bytes()) => {
-                return Err(ApiError::invalid_api_key());
-            }
-            Some(_) => {}
+    let open = matches!(path, "/health" | "/version")
+        || matches!(metrics_access, Some(metrics::Access::Open));
+    if let Some(metrics::Access::Keys(known)) = metrics_access {
+        if !known(bearer(&req)?) {
+            return Err(ApiError::invalid_api_key());
+        }
+    } else if let Some(key) = state.api_key.as_ref().filter(|_| !open) {
+        let given = bearer(&req)?;
+        if !gyre_api::auth::constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return Err(ApiError::invalid_api_key());
         }
     }
     Ok(next.run(req).await)
+}
+
+/// The request's bearer key, or the 401 for a missing one.
+fn bearer(req: &Request) -> Result<&str, ApiError> {
+    req.headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(gyre_api::auth::bearer_token)
+        .ok_or_else(ApiError::missing_api_key)
 }

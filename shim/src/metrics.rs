@@ -24,6 +24,35 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::ApiError;
 
+/// A check of a bearer key against keys the shim does not hold itself (the
+/// service's keys file, in the same process): true when it is known.
+pub type KeyCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Who may read `/metrics` on the HTTP port (`--metrics-addr` is always
+/// open: it is the operator's own address).
+#[derive(Clone, Default)]
+pub enum Access {
+    /// As every other route: the shim's own API key when it has one, else
+    /// open.
+    #[default]
+    AsRoutes,
+    /// Open to callers without a key (`--open-endpoints`).
+    Open,
+    /// A valid tenant key: 401 without one or with one the check does not
+    /// know (`--keys-file`).
+    Keys(KeyCheck),
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::AsRoutes => "AsRoutes",
+            Self::Open => "Open",
+            Self::Keys(_) => "Keys",
+        })
+    }
+}
+
 /// Upper bounds of every `_seconds` histogram: 1 ms to 10 minutes.
 pub const SECONDS_BUCKETS: [f64; 20] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,

@@ -4,7 +4,8 @@
 //! behind an alias) and, for a deprecated model, `deprecation` (RFC 9745)
 //! and `sunset` (RFC 8594). [`ModelNotice::apply`] is the layer that puts
 //! the last two on the HTTP response, as `Deprecation` and `Sunset`, with
-//! the tenant's rate-limit headers (`x-ratelimit-*`, keys file only).
+//! the tenant's rate-limit headers (`x-ratelimit-*`, keys file only). Every
+//! route that makes a call of the tenant's passes them on this way.
 
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
@@ -69,6 +70,16 @@ impl ModelNotice {
     /// Whether the model is deprecated (the call carried a notice).
     pub fn is_deprecated(&self) -> bool {
         !self.headers.is_empty()
+    }
+
+    /// The JSON answer `body` of a unary call, with the headers of the
+    /// call's metadata `meta` (see [`Self::apply`]).
+    pub fn json<T, B: serde::Serialize>(
+        call: &tonic::Response<T>,
+        body: impl FnOnce(&T) -> B,
+    ) -> Response {
+        use axum::response::IntoResponse as _;
+        Self::from_metadata(call.metadata()).apply(axum::Json(body(call.get_ref())).into_response())
     }
 
     /// Adds the `Deprecation`, `Sunset` and rate-limit headers to

@@ -21,6 +21,7 @@ use tonic::{Status, Streaming};
 
 use crate::AppState;
 use crate::error::{Api, ApiError};
+use crate::notice::ModelNotice;
 use crate::openai::responses_events::{error_event, event, terminal};
 
 /// A running `Create` or `Replay` call.
@@ -38,6 +39,8 @@ pub struct EventStream {
     done: bool,
     /// The SSE heartbeat's interval (see `keepalive`).
     heartbeat: Option<std::time::Duration>,
+    /// The call's response metadata as headers (rate limits).
+    notice: ModelNotice,
 }
 
 impl EventStream {
@@ -47,9 +50,9 @@ impl EventStream {
         stream: Result<tonic::Response<Streaming<pb::ResponseEvent>>, Status>,
     ) -> Result<Self, ApiError> {
         let deadline = state.request_timeout.map(|t| Instant::now() + t);
-        let stream = stream
-            .map_err(|s| ApiError::from_status(&s, Api::Responses))?
-            .into_inner();
+        let stream = stream.map_err(|s| ApiError::from_status(&s, Api::Responses))?;
+        let notice = ModelNotice::from_metadata(stream.metadata());
+        let stream = stream.into_inner();
         let mut this = Self {
             stream,
             first: None,
@@ -58,6 +61,7 @@ impl EventStream {
             last_seq: None,
             done: false,
             heartbeat: state.sse_heartbeat,
+            notice,
         };
         this.first = this.read().await?;
         this.started = true;
@@ -82,6 +86,11 @@ impl EventStream {
             self.last_seq = Some(e.sequence_number);
         }
         Ok(message)
+    }
+
+    /// The call's headers for the HTTP answer (see [`ModelNotice::apply`]).
+    pub fn notice(&self) -> &ModelNotice {
+        &self.notice
     }
 
     /// Reads on until the response is final and returns it: the
@@ -148,8 +157,8 @@ impl EventStream {
     /// The SSE answer. `X-Accel-Buffering: no` asks reverse proxies to pass
     /// events on as they come.
     pub fn sse(self) -> Response {
-        let heartbeat = self.heartbeat;
+        let (heartbeat, notice) = (self.heartbeat, self.notice.clone());
         let sse = crate::keepalive::heartbeat(Sse::new(self.sse_events()), heartbeat);
-        ([("x-accel-buffering", "no")], sse).into_response()
+        notice.apply(([("x-accel-buffering", "no")], sse).into_response())
     }
 }

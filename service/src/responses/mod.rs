@@ -32,6 +32,7 @@ use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
 use crate::grpc::GenerationService;
+use crate::observe::RequestObs;
 use live::Registry;
 pub use store::{Store, StoreConfig, StoreError};
 
@@ -147,8 +148,13 @@ impl Responses for ResponsesService {
     ) -> Result<Response<Self::CreateStream>, Status> {
         let tenant = crate::tenant::Tenant::of(&request);
         let generation = self.generation.for_request(&request);
+        // Logged (and traced) when the response's generation ends, or here
+        // when it fails to start.
+        let obs = Arc::new(RequestObs::start(&request, "gyre.v1.Responses/Create"));
         let r = request.into_inner();
-        let live = run::start(&generation, &self.store, &self.registry, r, &tenant).await?;
+        obs.describe("chat", &r.model, "");
+        let started = run::start(&generation, &self.store, &self.registry, r, &tenant, &obs).await;
+        let live = started.inspect_err(|e| obs.failed_with(e))?;
         let cancel_on_drop = !live.background;
         let rx = live.subscribe(None, cancel_on_drop);
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

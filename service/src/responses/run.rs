@@ -3,6 +3,9 @@
 //! task with the output pipeline), and the task that turns the choice's
 //! events into response events, publishes them (`live`) and stores them.
 //!
+//! The response's `RequestObs` goes with its choice task, so its log line
+//! and span are made when the generation ends.
+//!
 //! The task runs detached from the call: a background response goes on
 //! when its client leaves; one without `background` is cancelled by its
 //! subscriber when the client leaves (`Live::subscribe`), and ends
@@ -22,6 +25,7 @@ use super::store::{Store, now};
 use super::{blocking, ids, render, validate};
 use crate::error::ServiceError;
 use crate::grpc::{GenerationService, Mode, STREAM_BUFFER};
+use crate::observe::RequestObs;
 use crate::request::Prepared;
 use crate::tenant::Tenant;
 
@@ -183,10 +187,13 @@ pub async fn start(
     registry: &Arc<Registry>,
     r: CreateResponseRequest,
     tenant: &Tenant,
+    obs: &Arc<RequestObs>,
 ) -> Result<Arc<Live>, ServiceError> {
     let resolved = resolve(store, &r).await?;
     let id = ids::new("resp");
+    obs.describe("chat", &r.model, &id);
     let (p, mut choices) = prepare(generation, &id, &r, &resolved, Some(tenant)).await?;
+    obs.prepared(&p.model.id, &p);
     let background = r.background.unwrap_or(false);
     let stored = r.store.unwrap_or(true);
     let resp = Response {
@@ -218,7 +225,16 @@ pub async fn start(
     let (out, rx) = mpsc::channel(STREAM_BUFFER);
     let cancel = live.cancel.subscribe();
     let choice = choices.pop().into_iter().collect();
-    GenerationService::spawn_choices(&id, p, choice, &out, &cancel, Mode::Single, None, None);
+    GenerationService::spawn_choices(
+        &id,
+        p,
+        choice,
+        &out,
+        &cancel,
+        Mode::Single,
+        None,
+        Some(obs.clone()),
+    );
     drop(out);
     let conversation = match (&r.conversation, stored) {
         (Some(c), true) => Some((c.clone(), resolved.input)),

@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 
-use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use gyre_api::v1 as pb;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -17,6 +16,7 @@ use super::responses::{Page, QueryMap, page, path_id, query};
 use crate::AppState;
 use crate::error::{Api, ApiError};
 use crate::extract::{JsonObject, fields};
+use crate::notice::ModelNotice;
 use crate::openai::responses_input::{items, wrong_type};
 use crate::openai::responses_output::{conversation, item_list};
 use crate::upstream::grpc_request;
@@ -52,7 +52,7 @@ pub async fn create(
         .create_conversation(grpc_request(&state, &headers, message))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(conversation(c.get_ref())).into_response())
+    Ok(ModelNotice::json(&c, conversation))
 }
 
 /// `GET /v1/conversations/{id}`.
@@ -69,7 +69,7 @@ pub async fn retrieve(
         .get_conversation(grpc_request(&state, &headers, message))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(conversation(c.get_ref())).into_response())
+    Ok(ModelNotice::json(&c, conversation))
 }
 
 /// `DELETE /v1/conversations/{id}`.
@@ -85,12 +85,11 @@ pub async fn delete(
     let r = client
         .delete_conversation(grpc_request(&state, &headers, message))
         .await
-        .map_err(grpc_err)?
-        .into_inner();
-    Ok(
-        Json(json!({"id": r.id, "object": "conversation.deleted", "deleted": r.deleted}))
-            .into_response(),
-    )
+        .map_err(grpc_err)?;
+    Ok(ModelNotice::json(
+        &r,
+        |r| json!({"id": r.id, "object": "conversation.deleted", "deleted": r.deleted}),
+    ))
 }
 
 /// `GET /v1/conversations/{id}/items`.
@@ -117,5 +116,5 @@ pub async fn list_items(
         .list_conversation_items(grpc_request(&state, &headers, message))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(item_list(list.get_ref())).into_response())
+    Ok(ModelNotice::json(&list, item_list))
 }

@@ -6,23 +6,25 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use gyre_api::v1::{ListModelsRequest, Model};
 
 use crate::AppState;
 use crate::error::{Api, ApiError};
+use crate::notice::ModelNotice;
 use crate::openai::response::{ModelList, ModelObject};
 use crate::upstream::grpc_request;
 
 /// `GET /v1/models`.
-pub async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<ModelList>, ApiError> {
-    let models = fetch(&state, &headers).await?;
-    Ok(Json(ModelList {
-        object: "list",
-        data: models.into_iter().map(ModelObject::from).collect(),
-    }))
+pub async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let (models, notice) = fetch(&state, &headers).await?;
+    Ok(notice.apply(
+        Json(ModelList {
+            object: "list",
+            data: models.into_iter().map(ModelObject::from).collect(),
+        })
+        .into_response(),
+    ))
 }
 
 /// `GET /v1/models/{*id}`.
@@ -30,12 +32,12 @@ pub async fn retrieve(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<ModelObject>, ApiError> {
-    fetch(&state, &headers)
-        .await?
+) -> Result<Response, ApiError> {
+    let (models, notice) = fetch(&state, &headers).await?;
+    models
         .into_iter()
         .find(|m| m.id == id || m.aliases.contains(&id))
-        .map(|m| Json(ModelObject::from(m)))
+        .map(|m| notice.apply(Json(ModelObject::from(m)).into_response()))
         .ok_or_else(|| ApiError::model_not_found(&id))
 }
 
@@ -46,8 +48,8 @@ pub async fn retrieve(
 pub async fn dynamo_list(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let models = fetch(&state, &headers).await?;
+) -> Result<Response, ApiError> {
+    let (models, notice) = fetch(&state, &headers).await?;
     fn names(m: &Model) -> Vec<String> {
         std::iter::once(m.id.clone())
             .chain(m.aliases.iter().cloned())
@@ -62,12 +64,15 @@ pub async fn dynamo_list(
         .collect();
     let completion: Vec<String> = models.iter().filter(generative).flat_map(names).collect();
     let data: Vec<ModelObject> = models.into_iter().map(ModelObject::from).collect();
-    Ok(Json(serde_json::json!({
-        "chat_completion_models": chat,
-        "completion_models": completion,
-        "object": "list",
-        "data": data,
-    })))
+    Ok(notice.apply(
+        Json(serde_json::json!({
+            "chat_completion_models": chat,
+            "completion_models": completion,
+            "object": "list",
+            "data": data,
+        }))
+        .into_response(),
+    ))
 }
 
 /// The service's default (its first) model, which a generation asking for
@@ -78,17 +83,23 @@ pub(crate) async fn default_model(
 ) -> Result<String, ApiError> {
     fetch(state, headers)
         .await?
+        .0
         .into_iter()
         .next()
         .map(|m| m.id)
         .ok_or_else(|| ApiError::model_not_found(""))
 }
 
-async fn fetch(state: &AppState, headers: &HeaderMap) -> Result<Vec<Model>, ApiError> {
+/// The catalogue, and the call's headers for the HTTP answer.
+async fn fetch(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<(Vec<Model>, ModelNotice), ApiError> {
     let mut client = state.client.clone();
     let response = client
         .list_models(grpc_request(state, headers, ListModelsRequest {}))
         .await
         .map_err(|status| ApiError::from_status(&status, Api::Models))?;
-    Ok(response.into_inner().models)
+    let notice = ModelNotice::from_metadata(response.metadata());
+    Ok((response.into_inner().models, notice))
 }

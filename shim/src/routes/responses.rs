@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::AppState;
 use crate::error::{Api, ApiError};
 use crate::extract::JsonObject;
+use crate::notice::ModelNotice;
 use crate::openai::responses_output::{item_list, response};
 use crate::openai::responses_request::ResponsesRequest;
 use crate::responses_upstream::EventStream;
@@ -102,8 +103,9 @@ pub async fn create(
     if request.stream {
         return Ok(events.sse());
     }
+    let notice = events.notice().clone();
     let done = events.final_response(background).await?;
-    Ok(Json(response(&done)).into_response())
+    Ok(notice.apply(Json(response(&done)).into_response()))
 }
 
 /// `GET /v1/responses/{id}` (with `?stream=true`: the events, replayed).
@@ -134,7 +136,7 @@ pub async fn retrieve(
         ))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(response(r.get_ref())).into_response())
+    Ok(ModelNotice::json(&r, response))
 }
 
 /// `DELETE /v1/responses/{id}`.
@@ -150,9 +152,11 @@ pub async fn delete(
     let r = client
         .delete(grpc_request(&state, &headers, message))
         .await
-        .map_err(grpc_err)?
-        .into_inner();
-    Ok(Json(json!({"id": r.id, "object": "response", "deleted": r.deleted})).into_response())
+        .map_err(grpc_err)?;
+    Ok(ModelNotice::json(
+        &r,
+        |r| json!({"id": r.id, "object": "response", "deleted": r.deleted}),
+    ))
 }
 
 /// `POST /v1/responses/{id}/cancel`.
@@ -169,7 +173,7 @@ pub async fn cancel(
         .cancel(grpc_request(&state, &headers, message))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(response(r.get_ref())).into_response())
+    Ok(ModelNotice::json(&r, response))
 }
 
 /// `GET /v1/responses/{id}/input_items`.
@@ -196,7 +200,7 @@ pub async fn input_items(
         .list_input_items(grpc_request(&state, &headers, message))
         .await
         .map_err(grpc_err)?;
-    Ok(Json(item_list(list.get_ref())).into_response())
+    Ok(ModelNotice::json(&list, item_list))
 }
 
 /// `POST /v1/responses/input_tokens`.
@@ -211,11 +215,11 @@ pub async fn input_tokens(
     let count = client
         .count_input_tokens(grpc_request(&state, &headers, request.proto))
         .await
-        .map_err(grpc_err)?
-        .into_inner();
-    Ok(Json(json!({
-        "object": "response.input_tokens",
-        "input_tokens": count.input_tokens,
+        .map_err(grpc_err)?;
+    Ok(ModelNotice::json(&count, |c| {
+        json!({
+            "object": "response.input_tokens",
+            "input_tokens": c.input_tokens,
+        })
     }))
-    .into_response())
 }
