@@ -15,6 +15,7 @@
 
 mod admission;
 mod attn;
+mod beam;
 mod blocks;
 mod config;
 mod constraint;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
+pub use beam::{BeamSearch, EarlyStopping, MAX_BEAM_WIDTH};
 pub use constraint::Constraint;
 pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
@@ -76,6 +78,13 @@ pub enum EngineError {
     },
     #[error("n must be between 1 and {max}, got {n}")]
     InvalidN { n: u32, max: u32 },
+    /// A beam search the engine cannot run; `field` names the request
+    /// field at fault (gyre.v1 names).
+    #[error("{message}")]
+    InvalidBeam {
+        field: &'static str,
+        message: String,
+    },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("the engine is full and so is its queue")]
@@ -228,6 +237,10 @@ pub struct GenerateRequest {
     /// Prompt-lookup decoding (see `speculate`); None decodes a token a
     /// step.
     pub speculation: Option<Speculation>,
+    /// Beam search (see `beam`): `n` (of `submit_n`) is how many of the
+    /// best hypotheses come back, at most the width. Deterministic: the
+    /// sampling parameters do not apply. None: sampling.
+    pub beam: Option<BeamSearch>,
 }
 
 impl GenerateRequest {
@@ -250,6 +263,7 @@ impl GenerateRequest {
             cache_salt: String::new(),
             constraint: None,
             speculation: None,
+            beam: None,
         }
     }
 }
@@ -315,6 +329,13 @@ pub enum Event {
     /// token 1. Sent as the prompt is computed, all before `Prefilled`.
     PromptLogprobs(Vec<TokenLogprobs>),
     Token(u32),
+    /// Beam search: the choice's hypothesis scores, sent after its tokens
+    /// and before `Finished`. `score` ranks the hypotheses:
+    /// `cumulative_logprob / completion_tokens ** length_penalty`.
+    Beam {
+        score: f32,
+        cumulative_logprob: f32,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,
@@ -345,6 +366,8 @@ pub struct Engine {
     admission: Arc<admission::Admission>,
     info: ModelInfo,
     stats: watch::Receiver<EngineStats>,
+    /// Sequences that may run at once (a beam search needs its width).
+    max_running: usize,
 }
 
 impl Engine {
@@ -372,12 +395,14 @@ impl Engine {
         ));
         // Admission bounds what the channel holds; its capacity is a backstop.
         let (tx, rx) = mpsc::channel(opts.queue_capacity.saturating_add(opts.max_running));
+        let max_running = opts.max_running;
         let spawned = worker::spawn(opts, rx, admission.clone())?;
         Ok(Self {
             tx,
             admission,
             info: spawned.info,
             stats: spawned.stats,
+            max_running,
         })
     }
 
@@ -472,11 +497,92 @@ impl Engine {
                 max: self.info.max_model_len,
             });
         }
+        if let Some(b) = &req.beam {
+            return self.validate_beam(req, b, n);
+        }
         if prompt + n as u64 * req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
             return Err(EngineError::ExceedsKvCapacity {
                 prompt: req.prompt.len() as u32,
                 requested: req.max_tokens,
                 capacity: self.info.kv_capacity_tokens,
+            });
+        }
+        Ok(())
+    }
+
+    /// Beam search's own limits: a group whose beams shared nothing (each
+    /// recomputed after a preemption) must still fit the KV cache, and all
+    /// its beams must be able to run at once.
+    fn validate_beam(
+        &self,
+        req: &GenerateRequest,
+        b: &BeamSearch,
+        n: u32,
+    ) -> Result<(), EngineError> {
+        let bad = |field, message| Err(EngineError::InvalidBeam { field, message });
+        if b.width < 2 || b.width > MAX_BEAM_WIDTH {
+            return bad(
+                "beam.width",
+                format!(
+                    "the beam width (best_of) must be between 2 and {MAX_BEAM_WIDTH}, got {}",
+                    b.width
+                ),
+            );
+        }
+        if n > b.width {
+            return bad(
+                "n",
+                format!(
+                    "n ({n}) must not exceed the beam width (best_of, {})",
+                    b.width
+                ),
+            );
+        }
+        if b.width as usize > self.max_running {
+            return bad(
+                "beam.width",
+                format!(
+                    "the beam width ({}) exceeds the sequences this server runs at once ({})",
+                    b.width, self.max_running
+                ),
+            );
+        }
+        if !b.length_penalty.is_finite() {
+            return bad(
+                "beam.length_penalty",
+                "length_penalty must be a finite number".into(),
+            );
+        }
+        let refused = [
+            (
+                req.speculation.is_some(),
+                "num_assistant_tokens",
+                "prompt-lookup decoding",
+            ),
+            (
+                req.constraint.is_some(),
+                "structured",
+                "structured outputs or forced tool calls",
+            ),
+            (req.logprobs.is_some(), "logprobs", "logprobs"),
+            (
+                req.prompt_logprobs.is_some(),
+                "prompt_logprobs",
+                "prompt_logprobs",
+            ),
+            (req.min_tokens > 0, "min_tokens", "min_tokens"),
+            (req.ignore_eos, "ignore_eos", "ignore_eos"),
+        ];
+        if let Some(&(_, field, what)) = refused.iter().find(|r| r.0) {
+            return bad(field, format!("beam search cannot be combined with {what}"));
+        }
+        let block = self.stats.borrow().block_size.max(1) as u64;
+        let per_beam = (req.prompt.len() as u64 + req.max_tokens as u64).div_ceil(block) * block;
+        if per_beam * b.width as u64 > self.info.kv_capacity_tokens as u64 {
+            return Err(EngineError::ExceedsKvCapacity {
+                prompt: req.prompt.len() as u32,
+                requested: req.max_tokens,
+                capacity: self.info.kv_capacity_tokens / b.width,
             });
         }
         Ok(())

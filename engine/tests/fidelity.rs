@@ -91,8 +91,10 @@ fn greedy_continuations_match_transformers_under_batching() {
                 while let Some(ev) = rx.recv().await {
                     match ev {
                         Event::Token(t) => toks.push(t),
-                        Event::Prefilled { .. } | Event::Logprobs(_) | Event::PromptLogprobs(_) => {
-                        }
+                        Event::Prefilled { .. }
+                        | Event::Logprobs(_)
+                        | Event::PromptLogprobs(_)
+                        | Event::Beam { .. } => {}
                         Event::Finished { usage, .. } => {
                             assert_eq!(usage.completion_tokens as usize, toks.len());
                             break;

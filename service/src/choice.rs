@@ -79,7 +79,10 @@ pub(crate) async fn run(
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let mut m = ChoiceMetrics::new(&p.model.id, p.arrived, tag.index == 0);
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
+    // Beam search: (score, cumulative log-probability), sent before Finished.
+    let mut beam: Option<(f32, f32)> = None;
     let finish = |pipe: &Pipeline,
+                  beam: Option<(f32, f32)>,
                   reason: FinishReason,
                   completion: u32,
                   cached: u32,
@@ -96,6 +99,8 @@ pub(crate) async fn run(
             matched_stop: stop,
             matched_stop_token_id: stop_id,
             error: None,
+            beam_score: beam.map(|b| b.0),
+            cumulative_logprob: beam.map(|b| b.1),
         })
     };
     loop {
@@ -104,7 +109,7 @@ pub(crate) async fn run(
             _ = cancelled(&mut cancel) => {
                 rec.finished(FinishReason::Cancelled, generated);
                 m.ended(Some("abort"), generated);
-                let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None);
+                let f = finish(&pipe, None, FinishReason::Cancelled, generated, cached, None, None);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
             }
@@ -156,6 +161,13 @@ pub(crate) async fn run(
                 prompt_logprobs.extend(list.into_iter().map(|lp| token_logprob(&tok, lp)));
                 continue;
             }
+            Some(Event::Beam {
+                score,
+                cumulative_logprob,
+            }) => {
+                beam = Some((score, cumulative_logprob));
+                continue;
+            }
             Some(Event::Logprobs(lp)) => {
                 pending_logprobs = Some(token_logprob(&tok, lp));
                 continue;
@@ -190,7 +202,7 @@ pub(crate) async fn run(
                         let reason = pipe.stop_reason();
                         rec.finished(reason, generated);
                         m.ended(Some(reason_label(reason)), generated);
-                        let f = finish(&pipe, reason, generated, cached, Some(s), None);
+                        let f = finish(&pipe, None, reason, generated, cached, Some(s), None);
                         (vec![d, f], true)
                     }
                 }
@@ -215,6 +227,7 @@ pub(crate) async fn run(
                 m.finished(reason_label(why), u, timings);
                 let f = finish(
                     &pipe,
+                    beam,
                     why,
                     u.completion_tokens,
                     u.cached_tokens,
