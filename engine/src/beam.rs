@@ -15,7 +15,7 @@
 //! - the search stops per `early_stopping` (see [`EarlyStopping`]), or when
 //!   every continuation ended (`max_tokens`).
 
-use crate::FinishReason;
+use crate::{EngineError, FinishReason, GenerateRequest, ModelInfo};
 
 /// Widest beam search a request may ask for.
 pub const MAX_BEAM_WIDTH: u32 = 16;
@@ -207,6 +207,86 @@ impl Search {
             .collect();
         self.beams = beams;
     }
+}
+
+/// Beam search's own limits: a group whose beams shared nothing (each
+/// recomputed after a preemption) must still fit the KV cache, and all
+/// its beams must be able to run at once.
+pub(crate) fn validate(
+    req: &GenerateRequest,
+    b: &BeamSearch,
+    n: u32,
+    info: &ModelInfo,
+    block_size: u32,
+    max_running: usize,
+) -> Result<(), EngineError> {
+    let bad = |field, message| Err(EngineError::InvalidBeam { field, message });
+    if b.width < 2 || b.width > MAX_BEAM_WIDTH {
+        return bad(
+            "beam.width",
+            format!(
+                "the beam width (best_of) must be between 2 and {MAX_BEAM_WIDTH}, got {}",
+                b.width
+            ),
+        );
+    }
+    if n > b.width {
+        return bad(
+            "n",
+            format!(
+                "n ({n}) must not exceed the beam width (best_of, {})",
+                b.width
+            ),
+        );
+    }
+    if b.width as usize > max_running {
+        return bad(
+            "beam.width",
+            format!(
+                "the beam width ({}) exceeds the sequences this server runs at once ({})",
+                b.width, max_running
+            ),
+        );
+    }
+    if !b.length_penalty.is_finite() {
+        return bad(
+            "beam.length_penalty",
+            "length_penalty must be a finite number".into(),
+        );
+    }
+    let refused = [
+        (
+            req.speculation.is_some(),
+            "num_assistant_tokens",
+            "prompt-lookup decoding",
+        ),
+        (
+            req.constraint.is_some(),
+            "structured",
+            "structured outputs or forced tool calls",
+        ),
+        (req.logprobs.is_some(), "logprobs", "logprobs"),
+        (
+            req.prompt_logprobs.is_some(),
+            "prompt_logprobs",
+            "prompt_logprobs",
+        ),
+        (req.min_tokens > 0, "min_tokens", "min_tokens"),
+        (req.ignore_eos, "ignore_eos", "ignore_eos"),
+    ];
+    if let Some(&(_, field, what)) = refused.iter().find(|r| r.0) {
+        return bad(field, format!("beam search cannot be combined with {what}"));
+    }
+    let block = block_size.max(1) as u64;
+    let per_beam = (req.prompt.len() as u64 + req.max_tokens as u64).div_ceil(block) * block;
+    if per_beam * b.width as u64 > info.kv_capacity_tokens as u64 {
+        return Err(EngineError::ExceedsKvCapacity {
+            prompt: req.prompt.len() as u32,
+            requested: req.max_tokens,
+            capacity: info.kv_capacity_tokens / b.width,
+        });
+    }
+    Ok(())
 }
 
 /// Log-softmax of a row of logits (in f32, as transformers' scores).

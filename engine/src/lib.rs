@@ -498,91 +498,14 @@ impl Engine {
             });
         }
         if let Some(b) = &req.beam {
-            return self.validate_beam(req, b, n);
+            let block = self.stats.borrow().block_size;
+            return beam::validate(req, b, n, &self.info, block, self.max_running);
         }
         if prompt + n as u64 * req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
             return Err(EngineError::ExceedsKvCapacity {
                 prompt: req.prompt.len() as u32,
                 requested: req.max_tokens,
                 capacity: self.info.kv_capacity_tokens,
-            });
-        }
-        Ok(())
-    }
-
-    /// Beam search's own limits: a group whose beams shared nothing (each
-    /// recomputed after a preemption) must still fit the KV cache, and all
-    /// its beams must be able to run at once.
-    fn validate_beam(
-        &self,
-        req: &GenerateRequest,
-        b: &BeamSearch,
-        n: u32,
-    ) -> Result<(), EngineError> {
-        let bad = |field, message| Err(EngineError::InvalidBeam { field, message });
-        if b.width < 2 || b.width > MAX_BEAM_WIDTH {
-            return bad(
-                "beam.width",
-                format!(
-                    "the beam width (best_of) must be between 2 and {MAX_BEAM_WIDTH}, got {}",
-                    b.width
-                ),
-            );
-        }
-        if n > b.width {
-            return bad(
-                "n",
-                format!(
-                    "n ({n}) must not exceed the beam width (best_of, {})",
-                    b.width
-                ),
-            );
-        }
-        if b.width as usize > self.max_running {
-            return bad(
-                "beam.width",
-                format!(
-                    "the beam width ({}) exceeds the sequences this server runs at once ({})",
-                    b.width, self.max_running
-                ),
-            );
-        }
-        if !b.length_penalty.is_finite() {
-            return bad(
-                "beam.length_penalty",
-                "length_penalty must be a finite number".into(),
-            );
-        }
-        let refused = [
-            (
-                req.speculation.is_some(),
-                "num_assistant_tokens",
-                "prompt-lookup decoding",
-            ),
-            (
-                req.constraint.is_some(),
-                "structured",
-                "structured outputs or forced tool calls",
-            ),
-            (req.logprobs.is_some(), "logprobs", "logprobs"),
-            (
-                req.prompt_logprobs.is_some(),
-                "prompt_logprobs",
-                "prompt_logprobs",
-            ),
-            (req.min_tokens > 0, "min_tokens", "min_tokens"),
-            (req.ignore_eos, "ignore_eos", "ignore_eos"),
-        ];
-        if let Some(&(_, field, what)) = refused.iter().find(|r| r.0) {
-            return bad(field, format!("beam search cannot be combined with {what}"));
-        }
-        let block = self.stats.borrow().block_size.max(1) as u64;
-        let per_beam = (req.prompt.len() as u64 + req.max_tokens as u64).div_ceil(block) * block;
-        if per_beam * b.width as u64 > self.info.kv_capacity_tokens as u64 {
-            return Err(EngineError::ExceedsKvCapacity {
-                prompt: req.prompt.len() as u32,
-                requested: req.max_tokens,
-                capacity: self.info.kv_capacity_tokens / b.width,
             });
         }
         Ok(())
