@@ -130,3 +130,24 @@ def test_greedy_sampling_is_unchanged_by_best_of_1(sdk, refs):
     one = sdk.completions.create(model="", prompt=case["prompt_ids"], temperature=0,
                                  max_tokens=8, best_of=1)
     assert one.choices[0].text == plain.choices[0].text
+
+
+
+def test_unset_max_tokens_leaves_room_for_every_beam(refs):
+    # Unset max_tokens: what the KV cache leaves for each beam unshared, in
+    # whole blocks (the engine refuses more). With 750 blocks of 16 tokens
+    # the cache, not the context, sets that room.
+    s = harness.Server.start([str(harness.GYRE_BIN), "serve", "--model", str(GGUF),
+                              "--num-kv-blocks", "750",
+                              "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+    try:
+        client = openai.OpenAI(base_url=f"http://{s.http}/v1", api_key="unused", max_retries=0,
+                               timeout=300)
+        r = client.completions.create(model="", prompt=refs[0]["prompt_ids"], n=2, best_of=2,
+                                      extra_body={"early_stopping": True})
+        assert [c.finish_reason for c in r.choices] == ["stop", "stop"], r
+        assert "Paris" in r.choices[0].text
+    finally:
+        s.stop()
+    assert_no_panic(s)
+    s.remove_log()
