@@ -48,7 +48,7 @@ CASES = [
     (CHAT, {"stop": [f"s{i}" for i in range(17)]}, "stop"),
     (COMPLETIONS, {"stop": [""]}, "stop"),
     (COMPLETIONS, {"suffix": "the end"}, "suffix"),
-    (COMPLETIONS, {"best_of": 2}, "best_of"),
+    (COMPLETIONS, {"length_penalty": 0.5}, "length_penalty"),
     (CHAT, {"max_tokens": 100000}, "max_tokens"),
 ]
 

@@ -15,6 +15,7 @@
 
 mod admission;
 mod attn;
+mod beam;
 mod blocks;
 mod config;
 mod constraint;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
+pub use beam::{BeamSearch, EarlyStopping, MAX_BEAM_WIDTH};
 pub use constraint::Constraint;
 pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
@@ -76,6 +78,13 @@ pub enum EngineError {
     },
     #[error("n must be between 1 and {max}, got {n}")]
     InvalidN { n: u32, max: u32 },
+    /// A beam search the engine cannot run; `field` names the request
+    /// field at fault (gyre.v1 names).
+    #[error("{message}")]
+    InvalidBeam {
+        field: &'static str,
+        message: String,
+    },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("the engine is full and so is its queue")]
@@ -231,6 +240,10 @@ pub struct GenerateRequest {
     /// A predicted output's tokens, searched for proposals before the
     /// sequence itself (with `speculation` only).
     pub predicted: std::sync::Arc<[u32]>,
+    /// Beam search (see `beam`): `n` (of `submit_n`) is how many of the
+    /// best hypotheses come back, at most the width. Deterministic: the
+    /// sampling parameters do not apply. None: sampling.
+    pub beam: Option<BeamSearch>,
 }
 
 impl GenerateRequest {
@@ -254,6 +267,7 @@ impl GenerateRequest {
             constraint: None,
             speculation: None,
             predicted: std::sync::Arc::from([]),
+            beam: None,
         }
     }
 }
@@ -326,6 +340,13 @@ pub enum Event {
         proposed: u32,
         accepted: u32,
     },
+    /// Beam search: the choice's hypothesis scores, sent after its tokens
+    /// and before `Finished`. `score` ranks the hypotheses:
+    /// `cumulative_logprob / completion_tokens ** length_penalty`.
+    Beam {
+        score: f32,
+        cumulative_logprob: f32,
+    },
     Finished {
         reason: FinishReason,
         usage: Usage,
@@ -356,6 +377,8 @@ pub struct Engine {
     admission: Arc<admission::Admission>,
     info: ModelInfo,
     stats: watch::Receiver<EngineStats>,
+    /// Sequences that may run at once (a beam search needs its width).
+    max_running: usize,
 }
 
 impl Engine {
@@ -383,12 +406,14 @@ impl Engine {
         ));
         // Admission bounds what the channel holds; its capacity is a backstop.
         let (tx, rx) = mpsc::channel(opts.queue_capacity.saturating_add(opts.max_running));
+        let max_running = opts.max_running;
         let spawned = worker::spawn(opts, rx, admission.clone())?;
         Ok(Self {
             tx,
             admission,
             info: spawned.info,
             stats: spawned.stats,
+            max_running,
         })
     }
 
@@ -482,6 +507,10 @@ impl Engine {
                 requested: req.max_tokens,
                 max: self.info.max_model_len,
             });
+        }
+        if let Some(b) = &req.beam {
+            let block = self.stats.borrow().block_size;
+            return beam::validate(req, b, n, &self.info, block, self.max_running);
         }
         if prompt + n as u64 * req.max_tokens as u64 > self.info.kv_capacity_tokens as u64 {
             return Err(EngineError::ExceedsKvCapacity {

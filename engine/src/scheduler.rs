@@ -23,6 +23,9 @@ use crate::fair::Fair;
 /// What the scheduler needs to know of a sequence.
 pub(crate) struct SeqState {
     pub id: u64,
+    /// Age for ordering (admission, preemption): the id, but a beam's is
+    /// its group's, so a group's beams rank together.
+    pub order: u64,
     pub priority: i32,
     /// The tenant whose share the sequence's tokens count against.
     pub tenant: Arc<str>,
@@ -51,6 +54,7 @@ impl SeqState {
     pub fn new(id: u64, priority: i32, prompt: Vec<u32>, salt: String) -> Self {
         Self {
             id,
+            order: id,
             priority,
             tenant: Arc::from(""),
             weight: 1,
@@ -110,7 +114,7 @@ pub(crate) struct Plan {
 }
 
 fn order_key(s: &SeqState) -> (i64, u64) {
-    (-(s.priority as i64), s.id)
+    (-(s.priority as i64), s.order)
 }
 
 /// Admission order: the tenant furthest below its share first, then by
@@ -243,6 +247,11 @@ impl Scheduler {
         let mut i = 0;
         while i < running.len() && budget > 0 {
             let need = running[i].tokens.len() - running[i].computed;
+            if need == 0 {
+                // A beam waiting for the rest of its group's step.
+                i += 1;
+                continue;
+            }
             let n = need.min(budget);
             loop {
                 let s = &mut running[i];

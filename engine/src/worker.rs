@@ -20,6 +20,9 @@ use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
 use crate::sequence::{Gen, PROMPT_LP_ROWS, sample_next, send_logprobs, take_token, verify};
+#[path = "worker_beam.rs"]
+mod beam_ops;
+
 use crate::{
     Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, ModelInfo, Usage,
 };
@@ -106,6 +109,9 @@ struct Worker {
     waiting: Vec<SeqState>,
     running: Vec<SeqState>,
     gens: HashMap<u64, Gen>,
+    /// Beam searches by their first sequence's id, and each beam's group.
+    groups: HashMap<u64, beam_ops::Group>,
+    beam_of: HashMap<u64, u64>,
     next_id: u64,
     stats_tx: watch::Sender<EngineStats>,
     stats: EngineStats,
@@ -157,6 +163,8 @@ impl Worker {
             waiting: Vec::new(),
             running: Vec::new(),
             gens: HashMap::new(),
+            groups: HashMap::new(),
+            beam_of: HashMap::new(),
             next_id: 0,
             stats_tx,
             stats,
@@ -186,7 +194,10 @@ impl Worker {
             self.reap_cancelled();
             self.switch_kv_regimes();
             self.propose_drafts();
-            let plan = self.sched.schedule(&mut self.running, &mut self.waiting);
+            let mut plan = self.sched.schedule(&mut self.running, &mut self.waiting);
+            if self.preempt_groups(&mut plan) && plan.runs.is_empty() {
+                continue;
+            }
             self.fit_drafts(&plan.runs);
             if plan.runs.is_empty() {
                 // Cannot happen with validated requests; never spin on it.
@@ -230,6 +241,13 @@ impl Worker {
                     .for_tenant(req.tenant.clone(), req.weight);
                 set_kv_regime(&mut seq, self.model.kv_regime(req.prompt.len()));
                 self.waiting.push(seq);
+                if let Some(params) = req.beam {
+                    let eos = &self.model.config().eos_token_ids;
+                    let group = beam_ops::Group::new(params, &req, eos, events, submitted, id);
+                    self.groups.insert(id, group);
+                    self.beam_of.insert(id, id);
+                    return;
+                }
                 // Choice i samples with seed + i: choices differ, each reproducible.
                 let sampler_for = |i: u64| {
                     let mut sampling = req.sampling.clone();
@@ -264,14 +282,32 @@ impl Worker {
 
     /// Frees the blocks of every sequence whose client went away.
     fn reap_cancelled(&mut self) {
+        let beams: Vec<u64> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|s| s.id)
+            .filter(|id| self.beam_of.contains_key(id))
+            .collect();
+        let mut gone_beams = std::collections::HashSet::new();
+        for id in beams {
+            if self.beam_reap(id) == Some(true) {
+                gone_beams.insert(id);
+            }
+        }
+        let beam_of = &self.beam_of;
         let gens = &mut self.gens;
         let sched = &mut self.sched;
         let admission = &self.admission;
         for list in [&mut self.running, &mut self.waiting] {
             list.retain_mut(|s| {
-                let gone = gens.get(&s.id).is_none_or(|g| {
-                    g.events.is_closed() && g.forks.iter().all(|(e, _)| e.is_closed())
-                });
+                if beam_of.contains_key(&s.id) {
+                    return true;
+                }
+                let gone = gone_beams.contains(&s.id)
+                    || gens.get(&s.id).is_none_or(|g| {
+                        g.events.is_closed() && g.forks.iter().all(|(e, _)| e.is_closed())
+                    });
                 if gone {
                     sched.free(s);
                     if gens.remove(&s.id).is_some_and(|g| g.queued) {
@@ -360,6 +396,9 @@ impl Worker {
     }
 
     fn fail(&mut self, id: u64, e: EngineError) {
+        if self.fail_beam(id, &e) {
+            return;
+        }
         if let Some(g) = self.gens.remove(&id) {
             if g.queued {
                 self.admission.leave(1);
@@ -385,6 +424,9 @@ impl Worker {
         let now = Instant::now();
         for &(id, _) in runs {
             if let Some(g) = self.gens.get_mut(&id) {
+                g.scheduled.get_or_insert(now);
+            }
+            if let Some(g) = self.beam_of.get(&id).and_then(|g| self.groups.get_mut(g)) {
                 g.scheduled.get_or_insert(now);
             }
         }
@@ -443,10 +485,15 @@ impl Worker {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut children = Vec::new();
+        let mut beam_groups = Vec::new();
         let mut at = 0;
         for (id, drafts) in sampled {
             let first = at;
             at += 1 + drafts;
+            if let Some(gid) = self.beam_row(id, &flat[first * vocab..at * vocab]) {
+                beam_groups.push(gid);
+                continue;
+            }
             let s = &mut self.running[pos[&id]];
             let Some(g) = self.gens.get_mut(&id) else {
                 continue;
@@ -475,6 +522,7 @@ impl Worker {
                 }
                 let mut cs = SeqState {
                     id: cid,
+                    order: cid,
                     priority: s.priority,
                     tenant: s.tenant.clone(),
                     weight: s.weight,
@@ -533,6 +581,7 @@ impl Worker {
             self.gens.insert(cs.id, cg);
             self.running.push(cs);
         }
+        self.beam_steps(beam_groups);
         for (id, e) in failed {
             if let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let mut s = self.running.swap_remove(i);
@@ -630,6 +679,12 @@ impl Worker {
         let mut started = 0;
         for s in &self.running {
             if let Some(g) = self.gens.get_mut(&s.id).filter(|g| g.queued) {
+                g.queued = false;
+                started += 1;
+            }
+            if let Some(g) = self.beam_of.get(&s.id).and_then(|g| self.groups.get_mut(g))
+                && g.queued
+            {
                 g.queued = false;
                 started += 1;
             }

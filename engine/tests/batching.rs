@@ -58,7 +58,10 @@ async fn collect_after(mut rx: UnboundedReceiver<Event>, mut tokens: Vec<u32>) -
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Prefilled { cached_tokens, .. } => cached = cached_tokens,
-            Event::Logprobs(_) | Event::PromptLogprobs(_) | Event::Speculated { .. } => {}
+            Event::Logprobs(_)
+            | Event::PromptLogprobs(_)
+            | Event::Speculated { .. }
+            | Event::Beam { .. } => {}
             Event::Token(t) => tokens.push(t),
             Event::Finished { reason, usage, .. } => {
                 assert_eq!(usage.completion_tokens as usize, tokens.len());

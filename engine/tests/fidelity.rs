@@ -94,7 +94,8 @@ fn greedy_continuations_match_transformers_under_batching() {
                         Event::Prefilled { .. }
                         | Event::Logprobs(_)
                         | Event::PromptLogprobs(_)
-                        | Event::Speculated { .. } => {}
+                        | Event::Speculated { .. }
+                        | Event::Beam { .. } => {}
                         Event::Finished { usage, .. } => {
                             assert_eq!(usage.completion_tokens as usize, toks.len());
                             break;

@@ -82,7 +82,10 @@ pub(crate) async fn run(
     // Speculative tokens (proposed, accepted) over the verification steps
     // seen so far; `None` while it has not speculated.
     let mut speculated: Option<(u32, u32)> = None;
+    // Beam search: (score, cumulative log-probability), sent before Finished.
+    let mut beam: Option<(f32, f32)> = None;
     let finish = |pipe: &Pipeline,
+                  beam: Option<(f32, f32)>,
                   reason: FinishReason,
                   completion: u32,
                   cached: u32,
@@ -102,6 +105,8 @@ pub(crate) async fn run(
             matched_stop: stop,
             matched_stop_token_id: stop_id,
             error: None,
+            beam_score: beam.map(|b| b.0),
+            cumulative_logprob: beam.map(|b| b.1),
         })
     };
     loop {
@@ -110,7 +115,7 @@ pub(crate) async fn run(
             _ = cancelled(&mut cancel) => {
                 rec.finished(FinishReason::Cancelled, generated);
                 m.ended(Some("abort"), generated);
-                let f = finish(&pipe, FinishReason::Cancelled, generated, cached, None, None, speculated);
+                let f = finish(&pipe, None, FinishReason::Cancelled, generated, cached, None, None, speculated);
                 let _ = out.send(Ok(event(&tag, f))).await;
                 return;
             }
@@ -167,6 +172,13 @@ pub(crate) async fn run(
                 speculated = Some((p0 + proposed, a0 + accepted));
                 continue;
             }
+            Some(Event::Beam {
+                score,
+                cumulative_logprob,
+            }) => {
+                beam = Some((score, cumulative_logprob));
+                continue;
+            }
             Some(Event::Logprobs(lp)) => {
                 pending_logprobs = Some(token_logprob(&tok, lp));
                 continue;
@@ -201,7 +213,16 @@ pub(crate) async fn run(
                         let reason = pipe.stop_reason();
                         rec.finished(reason, generated);
                         m.ended(Some(reason_label(reason)), generated);
-                        let f = finish(&pipe, reason, generated, cached, Some(s), None, speculated);
+                        let f = finish(
+                            &pipe,
+                            None,
+                            reason,
+                            generated,
+                            cached,
+                            Some(s),
+                            None,
+                            speculated,
+                        );
                         (vec![d, f], true)
                     }
                 }
@@ -226,6 +247,7 @@ pub(crate) async fn run(
                 m.finished(reason_label(why), u, timings);
                 let f = finish(
                     &pipe,
+                    beam,
                     why,
                     u.completion_tokens,
                     u.cached_tokens,

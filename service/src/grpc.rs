@@ -243,6 +243,7 @@ pub(crate) async fn fail(tag: &Tag, out: &Out, mode: Mode, e: ServiceError) {
                 matched_stop: None,
                 matched_stop_token_id: None,
                 error: Some(request_error(&e)),
+                ..Default::default()
             };
             out.send(Ok(event(tag, Ev::Finish(f)))).await
         }

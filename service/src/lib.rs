@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod admin;
+mod beam;
 pub mod chat;
 mod choice;
 pub mod compact;

@@ -445,12 +445,21 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         ));
     }
     let info = model.engine.info();
+    let beam = crate::beam::beam(req)?;
     // Unset: whatever room the context and the KV cache leave for all n
-    // choices (the engine refuses the request when there is none).
-    let n = req.n.unwrap_or(1).max(1);
+    // choices, or all the beams (the engine refuses the request when there
+    // is none).
+    let n = beam.map_or(req.n.unwrap_or(1).max(1), |b| b.width.max(1));
     let prompt_len = prompt.len() as u32;
     let room_ctx = info.max_model_len.saturating_sub(prompt_len);
-    let room_kv = info.kv_capacity_tokens.saturating_sub(prompt_len) / n;
+    let room_kv = match beam {
+        // Each beam must fit unshared, in whole blocks (as the engine checks).
+        Some(_) => {
+            let block = model.engine.stats().block_size.max(1);
+            (info.kv_capacity_tokens / n / block * block).saturating_sub(prompt_len)
+        }
+        None => info.kv_capacity_tokens.saturating_sub(prompt_len) / n,
+    };
     let room = room_ctx.min(room_kv).max(1);
     let max_tokens = match req.max_tokens {
         Some(n) if req.clamp_max_tokens => n.min(room),
@@ -570,6 +579,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         constraint,
         speculation,
         predicted,
+        beam,
     };
     Ok(Prepared {
         model,

@@ -3,7 +3,7 @@
 //!
 //! Range checks of sampling values are the service's (it answers
 //! INVALID_ARGUMENT with the field, mapped back to `param`); the shim refuses
-//! only what gyre does not offer: suffix, best_of. Tools and structured
+//! only what gyre does not offer: suffix. Tools and structured
 //! outputs are converted in `structured.rs`.
 
 use gyre_api::v1 as pb;
@@ -235,12 +235,12 @@ impl CompletionRequest {
         if c.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::unsupported("suffix", "suffix"));
         }
-        if c.best_of.is_some_and(|b| b != 1) {
-            return Err(ApiError::invalid_request(
-                "Only best_of=1 is supported for now.",
-                Some("best_of"),
-            ));
-        }
+        let beam = BeamFields {
+            best_of: c.best_of,
+            use_beam_search: c.use_beam_search,
+            length_penalty: c.length_penalty,
+            early_stopping: c.early_stopping,
+        };
         let prompts = match c.prompt {
             Prompt::Batch(list) => list,
             single => vec![single],
@@ -255,7 +255,9 @@ impl CompletionRequest {
             .next()
             .map(input)
             .unwrap_or(pb::request::Input::Text(String::new()));
+        let n = self.common.n;
         let (mut request, mut mode) = common_to_proto(self.common, request_id, first)?;
+        request.beam = beam_search(&beam, n, mode.stream)?;
         request.logprobs = logprobs_k;
         // echo with logprobs lists the prompt's tokens too, as OpenAI does.
         request.echo |= echo;
@@ -271,6 +273,61 @@ impl CompletionRequest {
         }
         Ok((requests, mode))
     }
+}
+
+/// Completions' beam-search fields.
+struct BeamFields {
+    best_of: Option<u32>,
+    use_beam_search: Option<bool>,
+    length_penalty: Option<f32>,
+    early_stopping: Option<Value>,
+}
+
+/// Completions' beam-search fields (see [`CompletionParams`]) -> the
+/// proto's: `best_of` above 1, or `use_beam_search`, asks for it.
+fn beam_search(
+    b: &BeamFields,
+    n: Option<u32>,
+    stream: bool,
+) -> Result<Option<pb::BeamSearch>, ApiError> {
+    let on = b.use_beam_search.unwrap_or(false) || b.best_of.is_some_and(|w| w > 1);
+    if !on {
+        for (set, name) in [
+            (b.length_penalty.is_some(), "length_penalty"),
+            (b.early_stopping.is_some(), "early_stopping"),
+        ] {
+            if set {
+                return Err(ApiError::invalid_request(
+                    format!("{name} applies to beam search only: set best_of above 1."),
+                    Some(name),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    if stream {
+        return Err(ApiError::invalid_request(
+            "Beam search (best_of > 1) cannot stream: the beams are only known when the search ends. Send stream=false.",
+            Some("stream"),
+        ));
+    }
+    use pb::EarlyStopping as E;
+    let early = match &b.early_stopping {
+        None | Some(Value::Bool(false)) => E::Heuristic,
+        Some(Value::Bool(true)) => E::Always,
+        Some(Value::String(s)) if s == "never" => E::Never,
+        Some(_) => {
+            return Err(ApiError::invalid_request(
+                "early_stopping must be true, false or \"never\".",
+                Some("early_stopping"),
+            ));
+        }
+    };
+    Ok(Some(pb::BeamSearch {
+        width: b.best_of.unwrap_or(n.unwrap_or(1)),
+        length_penalty: b.length_penalty,
+        early_stopping: early as i32,
+    }))
 }
 
 /// Folds `nvext` into the top-level fields: a field given in both places
@@ -421,6 +478,7 @@ fn common_to_proto(
         max_ngram_size: common.max_ngram_size,
         // Chat only: set by the chat conversion.
         prediction: None,
+        beam: None,
     };
     Ok((request, mode))
 }

@@ -170,8 +170,16 @@ fn completion_errors_name_params() {
         (json!({"model": "m", "prompt": [[]]}), "prompt"),
         (json!({"model": "m", "prompt": {}}), "prompt"),
         (
-            json!({"model": "m", "prompt": "x", "best_of": 3}),
-            "best_of",
+            json!({"model": "m", "prompt": "x", "best_of": 3, "stream": true}),
+            "stream",
+        ),
+        (
+            json!({"model": "m", "prompt": "x", "length_penalty": 0.5}),
+            "length_penalty",
+        ),
+        (
+            json!({"model": "m", "prompt": "x", "best_of": 2, "early_stopping": "soon"}),
+            "early_stopping",
         ),
         (json!({"model": "m", "prompt": "x", "seed": "s"}), "seed"),
     ];
@@ -179,6 +187,28 @@ fn completion_errors_name_params() {
         let err = completion(body.clone()).expect_err("invalid");
         assert_eq!(param(err), expected, "{body}");
     }
+}
+
+#[test]
+fn beam_search_fields_map_to_the_proto() {
+    let body = json!({"model": "m", "prompt": "x", "best_of": 4, "n": 2,
+                      "length_penalty": 0.5, "early_stopping": "never"});
+    let (req, _) = completion(body).expect("valid");
+    let b = req.beam.expect("beam search");
+    assert_eq!((b.width, b.length_penalty), (4, Some(0.5)));
+    assert_eq!(b.early_stopping, pb::EarlyStopping::Never as i32);
+    assert_eq!(req.n, Some(2));
+    let body = json!({"model": "m", "prompt": "x", "use_beam_search": true, "n": 3,
+                      "early_stopping": true});
+    let b = completion(body)
+        .expect("valid")
+        .0
+        .beam
+        .expect("beam search");
+    assert_eq!(b.width, 3, "vLLM: best_of defaults to n");
+    assert_eq!(b.early_stopping, pb::EarlyStopping::Always as i32);
+    let (req, _) = completion(json!({"model": "m", "prompt": "x", "best_of": 1})).expect("ok");
+    assert_eq!(req.beam, None, "best_of 1 samples");
 }
 
 #[test]

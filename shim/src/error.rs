@@ -423,6 +423,9 @@ pub fn openai_param(field: &str, api: Api) -> String {
         // Chat's response_format, or the structured-outputs extensions.
         "structured" if api == Api::Completions => "structured_outputs".to_owned(),
         "structured" => "response_format".to_owned(),
+        "beam" | "beam.width" => "best_of".to_owned(),
+        "beam.length_penalty" => "length_penalty".to_owned(),
+        "beam.early_stopping" => "early_stopping".to_owned(),
         other => other.to_owned(),
     }
 }

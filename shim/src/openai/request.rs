@@ -277,9 +277,19 @@ pub struct CompletionParams {
     pub logprobs: Option<u32>,
     /// Not supported yet: refused when non-empty.
     pub suffix: Option<String>,
-    /// Only 1 is supported.
+    /// Beam width (OpenVINO Model Server's and OpenAI's legacy meaning):
+    /// above 1, beam search returning the `n` best of `best_of` beams.
     #[serde(default, deserialize_with = "int::opt")]
     pub best_of: Option<u32>,
+    /// Extension (vLLM's former name): beam search, `best_of` (default
+    /// `n`) beams wide.
+    pub use_beam_search: Option<bool>,
+    /// Extension (OpenVINO Model Server, vLLM): beam search's length
+    /// penalty (default 1.0).
+    pub length_penalty: Option<f32>,
+    /// Extension (vLLM): beam search's stopping rule, `true`, `false`
+    /// (default) or `"never"` (transformers' `early_stopping`).
+    pub early_stopping: Option<Value>,
 }
 
 /// `prompt`: a string, a list of token ids, or a batch (a list of strings or

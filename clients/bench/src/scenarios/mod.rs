@@ -8,12 +8,14 @@
 //! | S4 | the same load through HTTP vs straight gRPC: added latency per token | <= 50 µs |
 //! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
 //! | O1 | S2's load with auth, metrics (scraped every second) and tracing on vs all off: throughput, and server CPU per streamed token | ratio >= 0.98, <= 20 µs |
+//! | B1 | beam search width 4 on SmolLM2 (own server): gyre gRPC vs transformers `generate(num_beams=4)`, tok/s of the best hypothesis | ratio >= 1.0 |
 //! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
 //! | P1 | prompt lookup vs plain decoding, 1 stream, edit-style chat on SmolLM2-135M-Instruct (its own server), tok/s | ratio >= 1.5 |
 //!
 //! Each scenario returns its table rows and a JSON object of details; one
 //! that fails is reported as failed and the others still run.
 
+mod beam;
 mod cancel;
 pub mod embeddings;
 pub mod lookup;
@@ -34,7 +36,7 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 8] = ["S1", "S2", "S3", "S4", "S5", "O1", "E1", "P1"];
+pub const ALL: [&str; 9] = ["S1", "S2", "S3", "S4", "S5", "O1", "B1", "E1", "P1"];
 
 /// Whether `only` (empty: all) selects scenario `id`.
 pub fn selected(only: &[String], id: &str) -> bool {
@@ -43,7 +45,7 @@ pub fn selected(only: &[String], id: &str) -> bool {
 
 /// Whether scenario `id` runs on the generative model (S1-S5, O1).
 fn generative(id: &str) -> bool {
-    id.starts_with('S') || id == "O1"
+    id.starts_with('S') || id == "O1" || id == "B1"
 }
 
 /// Whether `only` selects any scenario of the generative model (S1-S5, O1).
@@ -277,6 +279,7 @@ pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
             "S3" => prefix::s3(ctx).await,
             "S4" => overhead::s4(ctx).await,
             "O1" => ops::o1(ctx).await,
+            "B1" => beam::b1(ctx).await,
             _ => cancel::s5(ctx).await,
         }
         .map_err(|e| format!("{e:#}"));
@@ -310,6 +313,7 @@ pub fn title(id: &str) -> &'static str {
         "S4" => "HTTP shim overhead: the same load through HTTP vs gRPC",
         "S5" => "cancellation storm: KV blocks released",
         "O1" => "operations overhead: auth, metrics and tracing on vs all off (S2 load)",
+        "B1" => "beam search width 4 on SmolLM2: gyre vs transformers generate(num_beams=4)",
         "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
         "P1" => "prompt lookup vs plain decoding: 1 stream, edit-style prompts, real model",
         _ => "?",
