@@ -8,6 +8,8 @@ mod grpc;
 mod http;
 mod load;
 mod load_cmd;
+mod otlp;
+mod paired;
 mod reference;
 mod report;
 mod run_cmd;
@@ -28,8 +30,8 @@ fn main() -> std::process::ExitCode {
         Err(e) => Err(e.into()),
         Ok(runtime) => runtime.block_on(async {
             match cli.command {
-                cli::Command::Run(args) => run_cmd::main(args).await,
-                cli::Command::Load(args) => load_cmd::main(args).await,
+                cli::Command::Run(args) => run_cmd::main(*args).await,
+                cli::Command::Load(args) => load_cmd::main(*args).await,
             }
         }),
     };
