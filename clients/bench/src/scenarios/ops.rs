@@ -15,11 +15,11 @@
 //! which side goes first (off on, on off, off on, ...: ABBA), so drift in
 //! the machine's load falls on both. The pairs are split into `o1_blocks`
 //! blocks, each with both servers started afresh (and warmed up), the
-//! "off" one first in even blocks and the "on" one first in odd ones: an
-//! A/A run (`--o1-on none`) on the 2-core development machine showed two
-//! identical servers differing by about 5% in throughput for the whole of
+//! "off" one first in even blocks and the "on" one first in odd ones: A/A
+//! runs (`--o1-on none`) on the 2-core development machine showed two
+//! identical servers differing by 5 to 15% in throughput for the whole of
 //! their life, so one process per side would measure that, not the
-//! features. Each pair gives a throughput ratio
+//! features; blocks spread that over several processes. Each pair gives a throughput ratio
 //! (on / off output tok/s, target >= 0.98) and CPU-time-per-streamed-token
 //! differences (on - off): of the threads that carry requests (tokio's
 //! workers and blocking pool, `tokio-*`: HTTP, auth, the gRPC hop, metrics,
