@@ -226,8 +226,9 @@ struct GrpcArgs {
     /// the scheme in any case; the key is compared in constant time.
     #[arg(long, env = "GYRE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// A TOML file mapping API keys (as SHA-256 hashes: `gyre keys hash`)
-    /// to tenants with allowed models and quotas (see the README's
+    /// A TOML file (YAML when its name ends in .yaml or .yml) mapping API
+    /// keys (as SHA-256 hashes: `gyre keys hash`) to tenants with allowed
+    /// models and quotas (see the README's
     /// "Operations: tenants and keys"). Reloaded when it changes and on
     /// SIGHUP; a file that does not parse keeps the previous keys. Instead
     /// of --api-key.

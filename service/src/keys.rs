@@ -1,6 +1,7 @@
-//! The keys file (`--keys-file`, TOML): tenants with their allowed models,
-//! quotas, priority and weight, and the API keys that name them, each key
-//! as the hex SHA-256 of its text (the file never holds a key in clear).
+//! The keys file (`--keys-file`, TOML, or YAML when its name ends in
+//! `.yaml` or `.yml`; the same schema either way): tenants with their allowed
+//! models, quotas, priority and weight, and the API keys that name them, each
+//! key as the hex SHA-256 of its text (the file never holds a key in clear).
 //!
 //! ```toml
 //! [tenants.acme]
@@ -15,6 +16,17 @@
 //! [[keys]]
 //! sha256 = "<64 hex digits: the SHA-256 of the key>"
 //! tenant = "acme"
+//! ```
+//!
+//! ```yaml
+//! tenants:
+//!   acme:
+//!     models: [tiny-qwen2]
+//!     requests_per_minute: 60
+//!   trial:                       # no settings: no limits ({} works too)
+//! keys:
+//!   - sha256: "<64 hex digits>"
+//!     tenant: acme
 //! ```
 
 use std::collections::{BTreeMap, HashSet};
@@ -41,8 +53,9 @@ pub enum KeysError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileSpec {
+    /// A YAML tenant with nothing under it is null: no settings.
     #[serde(default)]
-    tenants: BTreeMap<String, TenantSpec>,
+    tenants: BTreeMap<String, Option<TenantSpec>>,
     #[serde(default)]
     keys: Vec<KeySpec>,
 }
@@ -87,12 +100,61 @@ impl Policy {
     }
 }
 
+/// How a keys file is written, told by its name: `.yaml` and `.yml` are
+/// YAML, anything else TOML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Toml,
+    Yaml,
+}
+
+impl Format {
+    /// The format of the file at `path`, by its extension (any case).
+    pub fn of(path: &std::path::Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml") => {
+                Self::Yaml
+            }
+            _ => Self::Toml,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Toml => "TOML",
+            Self::Yaml => "YAML",
+        }
+    }
+}
+
 /// A parsed keys file.
 #[derive(Debug, Default)]
 pub struct Keys {
     /// (key hash, index into `policies`).
     keys: Vec<([u8; 32], usize)>,
     policies: Vec<Arc<Policy>>,
+}
+
+/// The keys section as a reader of `format` would look for it.
+fn keys_section(format: Format) -> &'static str {
+    match format {
+        Format::Toml => "no [[keys]] table",
+        Format::Yaml => "no `keys:` list, or an empty one",
+    }
+}
+
+/// The tenants section as a reader of `format` would look for it.
+fn tenants_section(format: Format) -> &'static str {
+    match format {
+        Format::Toml => "has no [tenants] table",
+        Format::Yaml => "is not under `tenants:`",
+    }
+}
+
+/// Whether a YAML line holds nothing: blank, a comment or a document mark.
+fn yaml_blank(line: &str) -> bool {
+    let l = line.trim();
+    l.is_empty() || l.starts_with('#') || l == "---" || l == "..."
 }
 
 /// The hex SHA-256 of a key, as the keys file lists it.
@@ -116,28 +178,40 @@ fn parse_hex32(s: &str) -> Option<[u8; 32]> {
 }
 
 impl Keys {
-    /// Reads and checks the keys file at `path`.
+    /// Reads and checks the keys file at `path`, in the format its name
+    /// tells ([`Format::of`]).
     pub fn load(path: &std::path::Path) -> Result<Self, KeysError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
             path: shown.clone(),
             source,
         })?;
-        Self::parse(&text).map_err(|message| KeysError::Invalid {
+        Self::parse(&text, Format::of(path)).map_err(|message| KeysError::Invalid {
             path: shown,
             message,
         })
     }
 
     /// Parses and checks a keys file's text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let spec: FileSpec = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str, format: Format) -> Result<Self, String> {
+        let spec: FileSpec = match format {
+            Format::Toml => toml::from_str(text).map_err(|e| format!("{}: {e}", format.name()))?,
+            // An empty or comment-only YAML document is null: no keys.
+            Format::Yaml if text.lines().all(yaml_blank) => FileSpec {
+                tenants: BTreeMap::new(),
+                keys: Vec::new(),
+            },
+            Format::Yaml => {
+                serde_norway::from_str(text).map_err(|e| format!("{}: {e}", format.name()))?
+            }
+        };
         if spec.keys.is_empty() {
-            return Err("it lists no [[keys]]".into());
+            return Err(format!("it lists no keys ({})", keys_section(format)));
         }
         let mut names = Vec::new();
         let mut policies = Vec::new();
         for (name, t) in spec.tenants {
+            let t = t.unwrap_or_default();
             if name.is_empty() {
                 return Err("a tenant's name is empty".into());
             }
@@ -170,15 +244,23 @@ impl Keys {
         let mut keys = Vec::new();
         for (i, k) in spec.keys.iter().enumerate() {
             let hash = parse_hex32(&k.sha256).ok_or_else(|| {
-                format!("keys[{i}].sha256 is not 64 hex digits (make one with `gyre keys hash`)")
+                format!(
+                    "keys[{i}].sha256 is not 64 hex digits (make one with `gyre keys hash`{})",
+                    if format == Format::Yaml {
+                        "; quote it in YAML"
+                    } else {
+                        ""
+                    }
+                )
             })?;
             if !seen.insert(hash) {
                 return Err(format!("keys[{i}] repeats an earlier key"));
             }
             let index = names.iter().position(|n| *n == k.tenant).ok_or_else(|| {
                 format!(
-                    "keys[{i}] names tenant `{}`, which has no [tenants] table",
-                    k.tenant
+                    "keys[{i}] names tenant `{}`, which {}",
+                    k.tenant,
+                    tenants_section(format)
                 )
             })?;
             keys.push((hash, index));
@@ -211,99 +293,5 @@ impl Keys {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const FILE: &str = r#"
-[tenants.acme]
-models = ["m1"]
-requests_per_minute = 3
-tokens_per_minute = 500
-priority = 2
-weight = 4
-
-[tenants.free]
-
-[[keys]]
-sha256 = "HASH_A"
-tenant = "acme"
-
-[[keys]]
-sha256 = "HASH_B"
-tenant = "free"
-"#;
-
-    fn file() -> String {
-        FILE.replace("HASH_A", &hash_key("key-a"))
-            .replace("HASH_B", &hash_key("key-b"))
-    }
-
-    #[test]
-    fn keys_resolve_to_their_tenants() {
-        let keys = Keys::parse(&file()).expect("valid");
-        assert_eq!(keys.counts(), (2, 2));
-        let a = keys.find("key-a").expect("key a");
-        assert_eq!(&*a.tenant.name, "acme");
-        assert_eq!((a.tenant.priority, a.tenant.weight), (2, 4));
-        assert_eq!(a.limits.requests_per_minute, Some(3));
-        assert_eq!(a.limits.tokens_per_minute, Some(500));
-        assert!(a.allows(["x", "m1"].into_iter()));
-        assert!(!a.allows(["m2"].into_iter()));
-        let b = keys.find("key-b").expect("key b");
-        assert_eq!(&*b.tenant.name, "free");
-        assert_eq!(b.tenant.weight, 1);
-        assert!(!b.limits.any());
-        assert!(b.allows(["anything"].into_iter()));
-        assert!(keys.find("key-c").is_none());
-        assert!(keys.find("").is_none());
-    }
-
-    #[test]
-    fn the_hash_is_sha256_hex() {
-        assert_eq!(
-            hash_key("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
-
-    #[test]
-    fn bad_files_say_why() {
-        let cases = [
-            ("", "no [[keys]]"),
-            (
-                "[[keys]]\nsha256 = \"abc\"\ntenant = \"t\"\n",
-                "64 hex digits",
-            ),
-            (
-                &format!("[[keys]]\nsha256 = \"{}\"\ntenant = \"t\"\n", hash_key("k")),
-                "no [tenants] table",
-            ),
-            (
-                &format!(
-                    "[tenants.t]\nweight = 0\n[[keys]]\nsha256 = \"{}\"\ntenant = \"t\"\n",
-                    hash_key("k")
-                ),
-                "weight",
-            ),
-            (
-                &format!(
-                    "[tenants.t]\nmodels = []\n[[keys]]\nsha256 = \"{}\"\ntenant = \"t\"\n",
-                    hash_key("k")
-                ),
-                "`models` is empty",
-            ),
-            (
-                &format!(
-                    "[tenants.t]\n[[keys]]\nsha256 = \"{h}\"\ntenant = \"t\"\n[[keys]]\nsha256 = \"{h}\"\ntenant = \"t\"\n",
-                    h = hash_key("k")
-                ),
-                "repeats",
-            ),
-            ("[tenants.t]\nrpm = 3\n", "unknown field"),
-        ];
-        for (text, why) in cases {
-            let err = Keys::parse(text).expect_err(text);
-            assert!(err.contains(why), "{text:?}: {err}");
-        }
-    }
-}
+#[path = "keys_tests.rs"]
+mod tests;

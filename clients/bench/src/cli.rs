@@ -77,10 +77,32 @@ pub struct RunArgs {
     /// Extra argument for `gyre serve` (repeatable).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
-    /// Extra argument of O1's "on" server (repeatable), after
-    /// `--api-key gyre-bench-ops-key`: e.g. the tracing flags.
+    /// Extra argument of O1's "on" server (repeatable), after the flags of
+    /// --o1-on.
     #[arg(long = "ops-on-arg", allow_hyphen_values = true)]
     pub ops_on_args: Vec<String>,
+    /// What O1's "on" server turns on (the "off" one has none of it): auth
+    /// (a keys file with a tenant), metrics (scraped every second), tracing
+    /// (OTLP to a receiver in the bench). One alone measures its own cost;
+    /// `none` runs two identical servers (an A/A calibration).
+    #[arg(
+        long,
+        env = "GYRE_BENCH_O1_ON",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "auth,metrics,tracing"
+    )]
+    pub o1_on: Vec<crate::scenarios::ops::Feature>,
+    /// O1's pairs of rounds (on/off back to back, alternating which goes
+    /// first). Default: 12 (2 with --quick).
+    #[arg(long, env = "GYRE_BENCH_O1_PAIRS")]
+    pub o1_pairs: Option<usize>,
+    /// Blocks O1's pairs are split into: each block starts both servers
+    /// afresh, alternating which starts first, so that one process's luck
+    /// (two identical servers can differ by several percent) is not taken
+    /// for the features' cost. Default: 4 (2 with --quick).
+    #[arg(long, env = "GYRE_BENCH_O1_BLOCKS")]
+    pub o1_blocks: Option<usize>,
     /// Benchmark a server that is already running at this gRPC URL (with
     /// --http-addr) instead of starting one. --model must be the directory
     /// it serves.

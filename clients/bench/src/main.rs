@@ -8,6 +8,8 @@ mod grpc;
 mod http;
 mod load;
 mod load_cmd;
+mod otlp;
+mod paired;
 mod reference;
 mod report;
 mod run_cmd;

@@ -220,6 +220,7 @@ async fn generative(
         gyre_bin: gyre_bin(args.gyre_bin.clone()),
         server_args: args.server_args.clone(),
         ops_on_args: args.ops_on_args.clone(),
+        ops_on: args.o1_on.clone(),
     };
     let results = tokio::select! {
         results = scenarios::run(&ctx, &args.only) => results,
@@ -326,6 +327,12 @@ fn override_sizes(sizes: &mut Sizes, args: &RunArgs) {
     }
     if let Some(v) = args.hf_repeats {
         sizes.hf_repeats = v;
+    }
+    if let Some(v) = args.o1_pairs {
+        sizes.o1_pairs = v;
+    }
+    if let Some(v) = args.o1_blocks {
+        sizes.o1_blocks = v;
     }
 }
 

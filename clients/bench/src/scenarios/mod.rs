@@ -7,7 +7,7 @@
 //! | S3 | TTFT with a cached 1,500-token prefix vs an uncached one | ratio <= 0.2 |
 //! | S4 | the same load through HTTP vs straight gRPC: added latency per token | <= 50 µs |
 //! | S5 | a cancellation storm, then the engine's KV blocks in use | 0 |
-//! | O1 | S2's load with auth, metrics (scraped every second) and tracing on vs all off: throughput, and server CPU per streamed token | ratio >= 0.98, <= 20 µs |
+//! | O1 | S2's load with auth (a keys file), metrics (scraped every second) and tracing (OTLP to the bench's receiver) on vs all off, ABBA pairs: throughput, and server CPU per streamed token | ratio >= 0.98, <= 20 µs |
 //! | B1 | beam search width 4 on SmolLM2 (own server): gyre gRPC vs transformers `generate(num_beams=4)`, tok/s of the best hypothesis | ratio >= 1.0 |
 //! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
 //! | P1 | prompt lookup vs plain decoding, 1 stream, edit-style chat on SmolLM2-135M-Instruct (its own server), tok/s | ratio >= 1.5 |
@@ -19,7 +19,7 @@ mod beam;
 mod cancel;
 pub mod embeddings;
 pub mod lookup;
-mod ops;
+pub mod ops;
 mod overhead;
 mod prefix;
 mod throughput;
@@ -82,6 +82,10 @@ pub struct Sizes {
     pub s5_http: usize,
     pub s5_prompt: usize,
     pub s5_cancel_after: u32,
+    /// O1 pairs of rounds (on and off back to back), and the blocks they
+    /// are split into (each with both servers started afresh).
+    pub o1_pairs: usize,
+    pub o1_blocks: usize,
     /// Timed transformers runs after its warm-up (the median counts).
     pub hf_repeats: usize,
 }
@@ -105,6 +109,8 @@ impl Sizes {
             s5_http: 40,
             s5_prompt: 16,
             s5_cancel_after: 3,
+            o1_pairs: 12,
+            o1_blocks: 4,
             hf_repeats: 3,
         }
     }
@@ -119,6 +125,8 @@ impl Sizes {
             s4_rounds: 1,
             s5_grpc: 60,
             s5_http: 12,
+            o1_pairs: 2,
+            o1_blocks: 2,
             hf_repeats: 1,
             ..Self::full()
         }
@@ -143,8 +151,10 @@ pub struct Ctx {
     /// (O1 starts two more servers with them).
     pub gyre_bin: PathBuf,
     pub server_args: Vec<String>,
-    /// O1's "on" arguments beyond `ops::ON_ARGS` (`--ops-on-arg`).
+    /// O1's "on" arguments beyond its features' (`--ops-on-arg`).
     pub ops_on_args: Vec<String>,
+    /// What O1's "on" side turns on (`--o1-on`).
+    pub ops_on: Vec<ops::Feature>,
 }
 
 impl Ctx {
