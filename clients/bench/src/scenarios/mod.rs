@@ -214,6 +214,31 @@ pub async fn warm_up_server(ctx: &Ctx) {
     ctx.load(Api::Grpc, batch.len(), 1, &batch).await;
 }
 
+/// Runs scenario `id` to its result: its rows and details, or its error
+/// (reported, so the other scenarios still run), and how long it took.
+async fn run_one(id: &str, scenario: impl std::future::Future<Output = Outcome>) -> ScenarioResult {
+    let started = Instant::now();
+    eprintln!("gyre-bench: {id}: {} ...", title(id));
+    let outcome = scenario.await.map_err(|e| format!("{e:#}"));
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!("gyre-bench: {id} done in {seconds:.1} s");
+    let (rows, details, error) = match outcome {
+        Ok((rows, details)) => (rows, details, None),
+        Err(e) => {
+            eprintln!("gyre-bench: {id} failed: {e}");
+            (Vec::new(), Value::Null, Some(e))
+        }
+    };
+    ScenarioResult {
+        id: id.to_owned(),
+        title: title(id).to_owned(),
+        rows,
+        details,
+        error,
+        seconds,
+    }
+}
+
 /// Runs E1 when `only` selects it.
 pub async fn run_embeddings(
     ctx: &embeddings::EmbedCtx<'_>,
@@ -222,26 +247,7 @@ pub async fn run_embeddings(
     if !selected(only, "E1") {
         return Vec::new();
     }
-    let (id, started) = ("E1", Instant::now());
-    eprintln!("gyre-bench: {id}: {} ...", title(id));
-    let outcome = embeddings::e1(ctx).await.map_err(|e| format!("{e:#}"));
-    let seconds = started.elapsed().as_secs_f64();
-    eprintln!("gyre-bench: {id} done in {seconds:.1} s");
-    let (rows, details, error) = match outcome {
-        Ok((rows, details)) => (rows, details, None),
-        Err(e) => {
-            eprintln!("gyre-bench: {id} failed: {e}");
-            (Vec::new(), Value::Null, Some(e))
-        }
-    };
-    vec![ScenarioResult {
-        id: id.to_owned(),
-        title: title(id).to_owned(),
-        rows,
-        details,
-        error,
-        seconds,
-    }]
+    vec![run_one("E1", embeddings::e1(ctx)).await]
 }
 
 /// Runs P1 when `only` selects it.
@@ -249,26 +255,7 @@ pub async fn run_lookup(ctx: &lookup::LookupCtx<'_>, only: &[String]) -> Vec<Sce
     if !selected(only, "P1") {
         return Vec::new();
     }
-    let (id, started) = ("P1", Instant::now());
-    eprintln!("gyre-bench: {id}: {} ...", title(id));
-    let outcome = lookup::p1(ctx).await.map_err(|e| format!("{e:#}"));
-    let seconds = started.elapsed().as_secs_f64();
-    eprintln!("gyre-bench: {id} done in {seconds:.1} s");
-    let (rows, details, error) = match outcome {
-        Ok((rows, details)) => (rows, details, None),
-        Err(e) => {
-            eprintln!("gyre-bench: {id} failed: {e}");
-            (Vec::new(), Value::Null, Some(e))
-        }
-    };
-    vec![ScenarioResult {
-        id: id.to_owned(),
-        title: title(id).to_owned(),
-        rows,
-        details,
-        error,
-        seconds,
-    }]
+    vec![run_one("P1", lookup::p1(ctx)).await]
 }
 
 /// Runs the generative scenarios (S1-S5) in `only` (all when empty), in the
@@ -281,35 +268,18 @@ pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
         if !selected(only, id) || !generative(id) {
             continue;
         }
-        let (title, started) = (title(id), Instant::now());
-        eprintln!("gyre-bench: {id}: {title} ...");
-        let outcome = match id {
-            "S1" => throughput::s1(ctx).await,
-            "S2" => throughput::s2(ctx).await,
-            "S3" => prefix::s3(ctx).await,
-            "S4" => overhead::s4(ctx).await,
-            "O1" => ops::o1(ctx).await,
-            "B1" => beam::b1(ctx).await,
-            _ => cancel::s5(ctx).await,
-        }
-        .map_err(|e| format!("{e:#}"));
-        let seconds = started.elapsed().as_secs_f64();
-        eprintln!("gyre-bench: {id} done in {seconds:.1} s");
-        let (rows, details, error) = match outcome {
-            Ok((rows, details)) => (rows, details, None),
-            Err(e) => {
-                eprintln!("gyre-bench: {id} failed: {e}");
-                (Vec::new(), Value::Null, Some(e))
+        let scenario = async {
+            match id {
+                "S1" => throughput::s1(ctx).await,
+                "S2" => throughput::s2(ctx).await,
+                "S3" => prefix::s3(ctx).await,
+                "S4" => overhead::s4(ctx).await,
+                "O1" => ops::o1(ctx).await,
+                "B1" => beam::b1(ctx).await,
+                _ => cancel::s5(ctx).await,
             }
         };
-        results.push(ScenarioResult {
-            id: id.to_owned(),
-            title: title.to_owned(),
-            rows,
-            details,
-            error,
-            seconds,
-        });
+        results.push(run_one(id, scenario).await);
     }
     results
 }
