@@ -8,6 +8,8 @@ fn main() {
     if let Ok(root) = std::env::var("LIBTORCH") {
         let lib = format!("{root}/lib");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+        // The CUDA runtime engine/csrc/graph.cpp links against.
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{root}/../nvidia/cu13/lib");
         if std::path::Path::new(&lib).join("libtorch_cuda.so").exists() {
             println!("cargo:rustc-link-search=native={lib}");
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed");

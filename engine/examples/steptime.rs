@@ -2,6 +2,8 @@
 //! decode, straight through `Engine` (no gRPC), for profiling.
 //!
 //!     cargo run --release -p gyre-engine --example steptime -- <model dir> [prompt_len] [new_tokens] [streams]
+//!
+//! `DEVICE=cuda` (or `auto`) runs it on the GPU; the default is the CPU.
 use std::time::Instant;
 
 use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
@@ -13,7 +15,12 @@ fn main() {
     let new_tokens: u32 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let streams: u32 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
     let mut o = EngineOptions::new(dir);
-    o.device = DeviceChoice::Cpu;
+    o.device = match std::env::var("DEVICE").as_deref() {
+        Ok("cuda") => DeviceChoice::Cuda,
+        Ok("auto") => DeviceChoice::Auto,
+        _ => DeviceChoice::Cpu,
+    };
+    o.max_running = o.max_running.max(streams as usize);
     println!("libtorch threads on main: {}", tch::get_num_threads());
     let e = Engine::start(o).expect("engine");
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -22,6 +22,7 @@ unsafe extern "C" {
         v: *const C_tensor,
         cu_q: *const C_tensor,
         cu_k: *const C_tensor,
+        seqused_k: *const C_tensor,
         max_q: i64,
         max_k: i64,
         scale: f64,
@@ -36,6 +37,8 @@ unsafe extern "C" {
 pub(crate) struct Varlen {
     cu_q: Tensor,
     cu_k: Tensor,
+    /// Keys each sequence uses of its span (int32; decode graphs).
+    seqused_k: Option<Tensor>,
     max_q: i64,
     max_k: i64,
 }
@@ -59,8 +62,30 @@ impl Varlen {
         Ok(Self {
             cu_q: Tensor::from_slice(&cu_q).f_to_device(device)?,
             cu_k: Tensor::from_slice(&cu_k).f_to_device(device)?,
+            seqused_k: None,
             max_q,
             max_k,
+        })
+    }
+
+    /// One query per sequence over keys packed at a fixed `stride`:
+    /// sequence i's keys are rows `i * stride..` of the packed keys, of
+    /// which it uses the first `seqused_k[i]` (int32 [sequences], on the
+    /// device, filled in before each replay of a decode graph).
+    pub(crate) fn fixed_stride(
+        seqs: i64,
+        stride: i64,
+        seqused_k: Tensor,
+    ) -> Result<Self, EngineError> {
+        let device = seqused_k.device();
+        let cu_q: Vec<i32> = (0..=seqs as i32).collect();
+        let cu_k: Vec<i32> = (0..=seqs).map(|i| (i * stride) as i32).collect();
+        Ok(Self {
+            cu_q: Tensor::from_slice(&cu_q).f_to_device(device)?,
+            cu_k: Tensor::from_slice(&cu_k).f_to_device(device)?,
+            seqused_k: Some(seqused_k),
+            max_q: 1,
+            max_k: stride,
         })
     }
 
@@ -94,6 +119,9 @@ impl Varlen {
                 v.as_ptr(),
                 self.cu_q.as_ptr(),
                 self.cu_k.as_ptr(),
+                self.seqused_k
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t.as_ptr()),
                 self.max_q,
                 self.max_k,
                 scale,
@@ -153,6 +181,7 @@ mod tests {
                 q.as_ptr(),
                 cu.as_ptr(),
                 cu.as_ptr(),
+                std::ptr::null(),
                 1,
                 1,
                 1.0,

@@ -24,6 +24,7 @@ mod fair;
 mod flash;
 mod gemm;
 pub mod gguf;
+mod graph;
 mod kv;
 mod layers;
 mod models;

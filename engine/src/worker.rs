@@ -104,6 +104,8 @@ fn info(model: &dyn Model, kv_tokens: u32) -> ModelInfo {
 struct Worker {
     model: Box<dyn Model>,
     pool: KvPool,
+    /// CUDA graphs of decode steps (None off CUDA or where unavailable).
+    graphs: Option<crate::graph::DecodeGraphs>,
     sched: Scheduler,
     rx: mpsc::Receiver<Command>,
     waiting: Vec<SeqState>,
@@ -135,7 +137,21 @@ impl Worker {
             Some(n) => n as i64,
             None => wanted.min(opts.kv_cache_bytes as i64 / per_block).max(1),
         };
-        let pool = model.new_pool(num_blocks, bs)?;
+        // Decode graphs need one slot no sequence owns (padding rows write
+        // there): a block past the scheduler's.
+        let graphs_on = crate::graph::wanted(model.as_ref());
+        let pool = model.new_pool(num_blocks + i64::from(graphs_on), bs)?;
+        let graphs = if graphs_on {
+            match crate::graph::DecodeGraphs::new(num_blocks * bs) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::warn!(error = %e, "CUDA graphs unavailable; decode steps run eagerly");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         tracing::info!(
             blocks = num_blocks,
             block_size = bs,
@@ -158,6 +174,7 @@ impl Worker {
         let worker = Self {
             model,
             pool,
+            graphs,
             sched,
             rx,
             waiting: Vec::new(),
@@ -464,7 +481,18 @@ impl Worker {
                 sampled.push((id, s.drafts));
             }
         }
-        let hidden = self.model.forward(&inputs, &mut self.pool)?;
+        // A step of single-token decodes, each sampled once, replays a CUDA
+        // graph where one is available (see `crate::graph`).
+        let mut graphed = match self.graphs.as_mut() {
+            Some(g) if prompt_rows.is_empty() && rows.len() == inputs.len() => {
+                g.decode(self.model.as_ref(), &inputs, &mut self.pool)?
+            }
+            _ => None,
+        };
+        let hidden = match graphed {
+            Some(_) => None,
+            None => Some(self.model.forward(&inputs, &mut self.pool)?),
+        };
         drop(inputs);
         for &(id, n) in runs {
             let s = &mut self.running[pos[&id]];
@@ -474,13 +502,17 @@ impl Worker {
                 self.sched.register_full_blocks(s);
             }
         }
-        if !prompt_rows.is_empty() {
-            self.send_prompt_logprobs(&hidden, &prompt_rows)?;
+        if let (false, Some(hidden)) = (prompt_rows.is_empty(), &hidden) {
+            self.send_prompt_logprobs(hidden, &prompt_rows)?;
         }
         if sampled.is_empty() {
             return Ok(());
         }
-        let (flat, vocab) = self.logits_rows(&hidden, &rows)?;
+        let (flat, vocab) = match (graphed.take(), &hidden) {
+            (Some(logits), _) => logits,
+            (None, Some(hidden)) => self.logits_rows(hidden, &rows)?,
+            (None, None) => unreachable!("a step is either graphed or eager"),
+        };
         let max_len = self.model.config().max_position_embeddings as usize;
         let mut finished = Vec::new();
         let mut failed = Vec::new();

@@ -93,6 +93,8 @@ pub(crate) fn paged_attention_with(
         let (keys, vals) = (kc.f_index_select(0, gather)?, vc.f_index_select(0, gather)?);
         match varlen.attend(q, &keys, &vals) {
             Ok(out) => return Ok(out.f_view([n, width])?),
+            // Failing inside a capture says nothing about flash attention.
+            Err(e) if b.graphed => return Err(e),
             Err(e) => {
                 // E.g. a GPU flash attention does not support: SDPA per
                 // sequence from now on.
@@ -100,6 +102,12 @@ pub(crate) fn paged_attention_with(
                 be.set_flash_attention(false);
             }
         }
+    }
+    if b.graphed {
+        return Err(EngineError::Step(
+            "a decode graph needs flash attention on every layer (no window, default logits)"
+                .into(),
+        ));
     }
     // The first position a sequence's first new query sees.
     let first_visible =

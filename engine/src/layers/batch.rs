@@ -55,6 +55,10 @@ pub struct StepBatch {
     /// On CUDA with flash attention: the packing of all sequences and the
     /// gather index of their slots.
     pub(crate) flash: Option<(flash::Varlen, Tensor)>,
+    /// Built by a decode graph (`crate::graph`): every layer must take the
+    /// flash path, which reads only the batch's device tensors; any other
+    /// path is an error (the graph is then given up for the eager one).
+    pub(crate) graphed: bool,
 }
 
 impl StepBatch {
@@ -108,6 +112,7 @@ impl StepBatch {
             seqs: spans,
             cpu_decode: dev == Device::Cpu && be.kind == Kind::Float,
             flash,
+            graphed: false,
         })
     }
 }

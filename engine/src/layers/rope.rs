@@ -108,6 +108,11 @@ impl Rope {
         self.at(&rows)
     }
 
+    /// Whether rotation depends on each sequence's length (longrope).
+    pub fn is_longrope(&self) -> bool {
+        self.long.is_some()
+    }
+
     /// Which table a sequence of `seq_len` tokens is rotated with: 1 for
     /// longrope's long table, else 0.
     pub fn regime(&self, seq_len: usize) -> u8 {

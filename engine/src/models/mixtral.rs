@@ -124,6 +124,10 @@ struct DecoderLayer {
 }
 
 impl Layer for DecoderLayer {
+    fn host_sync(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         x: &Tensor,

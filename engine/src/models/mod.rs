@@ -165,6 +165,13 @@ pub trait Model: Send {
         crate::kv::bytes_per_block(s.layers, s.kv_heads, s.head_dim, block_size, self.kind())
     }
 
+    /// Whether a decode step of this model can be captured in a CUDA graph
+    /// (`crate::graph`): on CUDA, every layer on the flash path, and no
+    /// host sync or host-built tensor inside the forward.
+    fn cuda_graphs(&self) -> bool {
+        false
+    }
+
     /// Whether CUDA attention goes through flash attention over packed
     /// sequences (else SDPA per sequence). Always false on the CPU.
     fn flash_attention(&self) -> bool {

@@ -25,6 +25,12 @@ pub(super) trait Layer: Send {
         rope: &RopeAt,
         s: &mut LayerStep<'_>,
     ) -> Result<Tensor, EngineError>;
+
+    /// Whether the layer reads device values on the host (a mixture of
+    /// experts' routing): such a forward cannot be captured in a CUDA graph.
+    fn host_sync(&self) -> bool {
+        false
+    }
 }
 
 /// Embedding, layers, final RMSNorm and LM head.
@@ -62,6 +68,12 @@ impl<L: Layer> Model for Decoder<L> {
             x = l.forward(&x, &rope, &mut s)?;
         }
         self.norm.forward(&x)
+    }
+
+    fn cuda_graphs(&self) -> bool {
+        self.be.device.is_cuda()
+            && !self.rope.is_longrope()
+            && !self.layers.iter().any(Layer::host_sync)
     }
 
     fn kv_regime(&self, seq_len: usize) -> u8 {

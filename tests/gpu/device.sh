@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Runs gyre's GPU checks on a machine with an NVIDIA GPU, its own PyTorch and
+# transformers, and no Rust toolchain (see the README's "GPU" section).
+# Binaries are built elsewhere against the same torch and packed by
+# tests/gpu/pack.sh into .device/ (git-ignored).
+#
+#     bash tests/gpu/device.sh STEP...
+#
+# Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
+# decode, serve-smoke, bench. Results go under $OUT (default /tmp/gyre-out).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/gyre-out}
+mkdir -p "$OUT"
+TORCH_DIR=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
+export LD_LIBRARY_PATH=$TORCH_DIR/lib:$TORCH_DIR/../nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+B=/tmp/gyre-bin
+KEEP=/tmp/gyre-keep
+W=/tmp/gyre-fidelity
+mkdir -p "$KEEP"
+if [ -f .device/bins.tar.xz ] && ! cmp -s .device/bins.sha256 $B/.from 2>/dev/null; then
+  rm -rf $B && mkdir -p $B
+  python3 -c 'import sys,tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .device/bins.tar.xz $B
+  cp .device/bins.sha256 $B/.from
+fi
+if ls .device/whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
+fi
+export PYTHONPATH=/tmp/site
+# Parts of a file too large for one transfer: .device/parts/NAME.N collect in
+# $KEEP until NAME.sha256 matches their concatenation.
+for d in .device/parts .gpart*; do
+  ls "$d"/* >/dev/null 2>&1 && cp "$d"/* "$KEEP"/
+done
+for sum in "$KEEP"/*.sha256; do
+  [ -e "$sum" ] || continue
+  name=$(basename "$sum" .sha256)
+  [ -f "$KEEP/$name" ] && continue
+  cat $(ls "$KEEP"/"$name".[0-9]* 2>/dev/null | sort -V) > "$KEEP/$name.tmp" 2>/dev/null
+  if [ "$(sha256sum < "$KEEP/$name.tmp" | cut -d' ' -f1)" = "$(cat "$sum")" ]; then
+    mv "$KEEP/$name.tmp" "$KEEP/$name" && echo "assembled $name"
+  else
+    rm -f "$KEEP/$name.tmp"; echo "parts of $name: $(ls "$KEEP"/"$name".[0-9]* | wc -l) so far"
+  fi
+done
+
+step_env() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)'
+  ldd $B/gyre | grep -E 'torch|c10|not found'
+  python3 tests/gpu/bandwidth.py | tee "$OUT/bandwidth.json"
+}
+
+step_cuda_check() {
+  for m in "$W"/tiny-*; do
+    echo "== cuda_check $(basename "$m")"
+    $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -8
+  done 2>&1 | tee "$OUT/cuda_check.txt"
+}
+
+step_fidelity_tiny() {
+  local args=()
+  for f in .device/families/*/; do args+=(--family "$f"); done
+  python3 tests/gpu/fidelity.py --greedy-bin $B/examples/greedy --out "$OUT/fidelity-tiny.json" \
+    --keep --workdir "$W" "${args[@]}" 2>&1 | grep -v "Writing model shards" | tee "$OUT/fidelity-tiny.txt"
+}
+
+step_fidelity_shapes() {
+  python3 tests/gpu/fidelity.py --greedy-bin $B/examples/greedy --out "$OUT/fidelity-shapes.json" \
+    --keep --workdir "$W" --shape llama-3.2-1b --shape llama-3-8b 2>&1 \
+    | grep -v "Writing model shards" | tee "$OUT/fidelity-shapes.txt"
+}
+
+step_shapes() {
+  python3 tests/gpu/fidelity.py --greedy-bin $B/examples/greedy --out "$OUT/shapes.json" --build-only \
+    --workdir "$W" --shape llama-3.2-1b --shape llama-3-8b 2>&1 | grep -v "Writing model shards"
+}
+
+step_fidelity_gguf() {
+  python3 tests/gpu/fidelity.py --greedy-bin $B/examples/greedy --out "$OUT/fidelity-gguf.json" \
+    --gguf "$KEEP/smollm2-135m-instruct.gguf" 2>&1 | tee "$OUT/fidelity-gguf.txt"
+}
+
+step_decode() {
+  # Batch-1 decode with CUDA graphs off and on (GYRE_CUDA_GRAPHS), and 8
+  # streams, on each random-weight shape; then the roofline of each.
+  for m in ${DECODE_MODELS:-llama-3.2-1b llama-3-8b}; do
+    [ -d "$W/$m" ] || continue
+    for g in 0 1; do
+      echo "== steptime $m graphs=$g (batch 1, 128-token prompt, 256 new tokens)"
+      GYRE_CUDA_GRAPHS=$g DEVICE=cuda ROUNDS=2 $B/examples/steptime "$W/$m" 128 256 1 2>&1 | grep -E "round|error|panic|WARN"
+      echo "== steptime $m graphs=$g (8 streams)"
+      GYRE_CUDA_GRAPHS=$g DEVICE=cuda ROUNDS=2 $B/examples/steptime "$W/$m" 128 128 8 2>&1 | grep -E "round|error|panic|WARN"
+    done
+    python3 tests/gpu/roofline.py "$W/$m" "$OUT/bandwidth.json" 256
+  done 2>&1 | tee "$OUT/decode.txt"
+}
+
+step_bench() {
+  # gyre-bench's S1 (1 gRPC stream vs transformers batch 1) and S2 (16 HTTP
+  # streams vs a static batch of 16) on the Llama-3-8B shape.
+  local m="$W/llama-3-8b"
+  cp tests/data/tokenizers/phi-3-mini-instruct/tokenizer.json "$m/"
+  timeout ${BENCH_TIMEOUT:-300} $B/gyre-bench run --device cuda --model "$m" --only ${BENCH_ONLY:-S1,S2} \
+    --python python3 --gyre-bin $B/gyre --json-out "$OUT/bench.json" 2>&1 | tail -30 | tee "$OUT/bench.txt"
+  tail -40 /tmp/gyre-bench-*/gyre.log > "$OUT/bench-gyre.log" 2>/dev/null
+  grep -E "ERROR|WARN" /tmp/gyre-bench-*/gyre.log | head -20
+}
+
+step_serve_smoke() {
+  local m="$W/llama-3.2-1b"
+  cp tests/data/tokenizers/phi-3-mini-instruct/tokenizer.json "$m/"
+  $B/gyre serve --model "$m" --device cuda --http-addr 127.0.0.1:18080 --grpc-addr 127.0.0.1:18081 \
+    > "$OUT/serve.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 120); do curl -sf 127.0.0.1:18080/health >/dev/null && break; sleep 1; done
+  curl -s 127.0.0.1:18080/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"llama-3.2-1b","prompt":[1,450,7483,310],"max_tokens":16,"temperature":0}' | tee "$OUT/serve-smoke.json"
+  echo
+  curl -s 127.0.0.1:18080/v1/completions -H 'content-type: application/json' \
+    -d '{"model":"llama-3.2-1b","prompt":[1,450,7483,310],"max_tokens":16,"temperature":0.8,"top_p":0.9,"seed":3,"stream":true}' | tail -3
+  kill $pid; wait $pid
+  tail -5 "$OUT/serve.log"
+}
+
+for s in "$@"; do
+  echo "=== step $s ($(date +%T))"
+  "step_${s//-/_}"
+done
