@@ -26,10 +26,17 @@ pub struct Live {
     /// Set to cancel the generation.
     pub cancel: watch::Sender<bool>,
     pub background: bool,
+    /// The tenant that created it: only its requests see it.
+    pub tenant: Arc<str>,
 }
 
 impl Live {
-    pub fn new(events: Vec<ResponseEvent>, response: Response, background: bool) -> Arc<Self> {
+    pub fn new(
+        events: Vec<ResponseEvent>,
+        response: Response,
+        background: bool,
+        tenant: Arc<str>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 events,
@@ -39,6 +46,7 @@ impl Live {
             changed: watch::channel(0).0,
             cancel: watch::channel(false).0,
             background,
+            tenant,
         })
     }
 
@@ -147,8 +155,9 @@ impl Registry {
         self.map().insert(id.to_string(), live);
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<Live>> {
-        self.map().get(id).cloned()
+    /// The live response `id` of `tenant` (None for another tenant's).
+    pub fn get(&self, id: &str, tenant: &str) -> Option<Arc<Live>> {
+        self.map().get(id).filter(|l| &*l.tenant == tenant).cloned()
     }
 
     pub fn remove(&self, id: &str) {

@@ -33,6 +33,7 @@ use tonic::{Request, Response, Status};
 use crate::error::ServiceError;
 use crate::grpc::GenerationService;
 use crate::observe::RequestObs;
+use crate::tenant::Tenant;
 use live::Registry;
 pub use store::{Store, StoreConfig, StoreError};
 
@@ -84,9 +85,10 @@ impl ResponsesService {
         }
     }
 
-    async fn stored(&self, id: &str) -> Result<v1::Response, ServiceError> {
-        let key = id.to_string();
-        blocking(&self.store, move |s| s.get_response(&key))
+    /// A stored response of `tenant` (unknown when another tenant's).
+    async fn stored(&self, id: &str, tenant: &Tenant) -> Result<v1::Response, ServiceError> {
+        let (key, who) = (id.to_string(), tenant.name.clone());
+        blocking(&self.store, move |s| s.get_response(&key, &who))
             .await?
             .map(|s| s.response)
             .ok_or_else(|| Self::not_found("response_id", "stored response", id))
@@ -146,7 +148,7 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CreateResponseRequest>,
     ) -> Result<Response<Self::CreateStream>, Status> {
-        let tenant = crate::tenant::Tenant::of(&request);
+        let tenant = Tenant::of(&request);
         let generation = self.generation.for_request(&request);
         // Logged (and traced) when the response's generation ends, or here
         // when it fails to start.
@@ -164,23 +166,25 @@ impl Responses for ResponsesService {
         &self,
         request: Request<GetResponseRequest>,
     ) -> Result<Response<v1::Response>, Status> {
+        let tenant = Tenant::of(&request);
         let id = request.into_inner().response_id;
-        if let Some(live) = self.registry.get(&id) {
+        if let Some(live) = self.registry.get(&id, &tenant.name) {
             return Ok(Response::new(live.snapshot()));
         }
-        Ok(Response::new(self.stored(&id).await?))
+        Ok(Response::new(self.stored(&id, &tenant).await?))
     }
 
     async fn replay(
         &self,
         request: Request<ReplayResponseRequest>,
     ) -> Result<Response<Self::ReplayStream>, Status> {
+        let tenant = Tenant::of(&request);
         let r = request.into_inner();
-        if let Some(live) = self.registry.get(&r.response_id) {
+        if let Some(live) = self.registry.get(&r.response_id, &tenant.name) {
             let rx = live.subscribe(r.starting_after, false);
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
-        self.stored(&r.response_id).await?;
+        self.stored(&r.response_id, &tenant).await?;
         let (id, after) = (r.response_id.clone(), r.starting_after);
         let events = blocking(&self.store, move |s| s.events_after(&id, after)).await?;
         let stream = futures::stream::iter(events.into_iter().map(Ok));
@@ -191,13 +195,14 @@ impl Responses for ResponsesService {
         &self,
         request: Request<DeleteResponseRequest>,
     ) -> Result<Response<DeleteResponseResult>, Status> {
+        let tenant = Tenant::of(&request);
         let id = request.into_inner().response_id;
-        if let Some(live) = self.registry.get(&id) {
+        if let Some(live) = self.registry.get(&id, &tenant.name) {
             live.cancel.send_replace(true);
             live.ended().await;
         }
-        let key = id.clone();
-        if !blocking(&self.store, move |s| s.delete_response(&key)).await? {
+        let (key, who) = (id.clone(), tenant.name.clone());
+        if !blocking(&self.store, move |s| s.delete_response(&key, &who)).await? {
             return Err(Self::not_found("response_id", "stored response", &id).into());
         }
         Ok(Response::new(DeleteResponseResult { id, deleted: true }))
@@ -207,20 +212,21 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CancelResponseRequest>,
     ) -> Result<Response<v1::Response>, Status> {
+        let tenant = Tenant::of(&request);
         let id = request.into_inner().response_id;
         let not_background = || ServiceError::Unservable {
             field: "response_id".into(),
             reason: "NOT_BACKGROUND",
             message: "only background responses can be cancelled".into(),
         };
-        if let Some(live) = self.registry.get(&id) {
+        if let Some(live) = self.registry.get(&id, &tenant.name) {
             if !live.background {
                 return Err(not_background().into());
             }
             live.cancel.send_replace(true);
             return Ok(Response::new(live.ended().await));
         }
-        let resp = self.stored(&id).await?;
+        let resp = self.stored(&id, &tenant).await?;
         if resp.request.as_ref().and_then(|r| r.background) != Some(true) {
             return Err(not_background().into());
         }
@@ -231,8 +237,9 @@ impl Responses for ResponsesService {
         &self,
         request: Request<ListInputItemsRequest>,
     ) -> Result<Response<ItemList>, Status> {
+        let tenant = Tenant::of(&request);
         let r = request.into_inner();
-        self.stored(&r.response_id).await?;
+        self.stored(&r.response_id, &tenant).await?;
         let of = store::Owner::Response(r.response_id);
         Ok(Response::new(
             self.page(of, r.after, r.limit, r.order).await?,
@@ -243,8 +250,9 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CreateResponseRequest>,
     ) -> Result<Response<InputTokenCount>, Status> {
+        let tenant = Tenant::of(&request);
         let r = request.into_inner();
-        let resolved = run::resolve(&self.store, &r).await?;
+        let resolved = run::resolve(&self.store, &r, &tenant).await?;
         let (p, _) = run::prepare(&self.generation, "count", &r, &resolved, None).await?;
         Ok(Response::new(InputTokenCount {
             input_tokens: p.engine_req.prompt.len() as u32,
@@ -255,6 +263,7 @@ impl Responses for ResponsesService {
         &self,
         request: Request<CreateConversationRequest>,
     ) -> Result<Response<Conversation>, Status> {
+        let tenant = Tenant::of(&request);
         let r = request.into_inner();
         if r.items.len() > MAX_CONVERSATION_ITEMS {
             return Err(ServiceError::invalid(
@@ -280,8 +289,11 @@ impl Responses for ResponsesService {
             created_at: store::now(),
             metadata: r.metadata,
         };
-        let stored = c.clone();
-        blocking(&self.store, move |s| s.insert_conversation(&stored, &items)).await?;
+        let (stored, who) = (c.clone(), tenant.name.clone());
+        blocking(&self.store, move |s| {
+            s.insert_conversation(&stored, &items, &who)
+        })
+        .await?;
         Ok(Response::new(c))
     }
 
@@ -289,9 +301,10 @@ impl Responses for ResponsesService {
         &self,
         request: Request<GetConversationRequest>,
     ) -> Result<Response<Conversation>, Status> {
+        let tenant = Tenant::of(&request);
         let id = request.into_inner().conversation_id;
-        let key = id.clone();
-        let c = blocking(&self.store, move |s| s.get_conversation(&key))
+        let (key, who) = (id.clone(), tenant.name.clone());
+        let c = blocking(&self.store, move |s| s.get_conversation(&key, &who))
             .await?
             .ok_or_else(|| Self::not_found("conversation_id", "conversation", &id))?;
         Ok(Response::new(c))
@@ -301,9 +314,10 @@ impl Responses for ResponsesService {
         &self,
         request: Request<DeleteConversationRequest>,
     ) -> Result<Response<DeleteConversationResult>, Status> {
+        let tenant = Tenant::of(&request);
         let id = request.into_inner().conversation_id;
-        let key = id.clone();
-        if !blocking(&self.store, move |s| s.delete_conversation(&key)).await? {
+        let (key, who) = (id.clone(), tenant.name.clone());
+        if !blocking(&self.store, move |s| s.delete_conversation(&key, &who)).await? {
             return Err(Self::not_found("conversation_id", "conversation", &id).into());
         }
         Ok(Response::new(DeleteConversationResult {
@@ -316,9 +330,10 @@ impl Responses for ResponsesService {
         &self,
         request: Request<ListConversationItemsRequest>,
     ) -> Result<Response<ItemList>, Status> {
+        let tenant = Tenant::of(&request);
         let r = request.into_inner();
-        let key = r.conversation_id.clone();
-        if blocking(&self.store, move |s| s.get_conversation(&key))
+        let (key, who) = (r.conversation_id.clone(), tenant.name.clone());
+        if blocking(&self.store, move |s| s.get_conversation(&key, &who))
             .await?
             .is_none()
         {

@@ -69,15 +69,17 @@ fn input_items(r: &CreateResponseRequest) -> Vec<Item> {
 pub async fn resolve(
     store: &Arc<Store>,
     r: &CreateResponseRequest,
+    tenant: &Tenant,
 ) -> Result<Resolved, ServiceError> {
     validate::request(r)?;
+    let who = tenant.name.clone();
     let history = match (&r.previous_response_id, &r.conversation) {
         (Some(prev), _) => {
             let prev = prev.clone();
             blocking(store, move |s| {
-                Ok(match s.get_response(&prev)? {
+                Ok(match s.get_response(&prev, &who)? {
                     None => None,
-                    Some(_) => Some(s.history(&prev)?),
+                    Some(_) => Some(s.history(&prev, &who)?),
                 })
             })
             .await?
@@ -92,7 +94,7 @@ pub async fn resolve(
         (None, Some(conv)) => {
             let c = conv.clone();
             blocking(store, move |s| {
-                Ok(match s.get_conversation(&c)? {
+                Ok(match s.get_conversation(&c, &who)? {
                     None => None,
                     Some(_) => Some(s.conversation_items(&c)?),
                 })
@@ -189,7 +191,7 @@ pub async fn start(
     tenant: &Tenant,
     obs: &Arc<RequestObs>,
 ) -> Result<Arc<Live>, ServiceError> {
-    let resolved = resolve(store, &r).await?;
+    let resolved = resolve(store, &r, tenant).await?;
     let id = ids::new("resp");
     obs.describe("chat", &r.model, &id);
     let (p, mut choices) = prepare(generation, &id, &r, &resolved, Some(tenant)).await?;
@@ -213,12 +215,18 @@ pub async fn start(
     if stored {
         let (resp, input, events) = (b.response().clone(), resolved.input.clone(), first.clone());
         let prev = r.previous_response_id.clone();
+        let who = tenant.name.clone();
         blocking(store, move |s| {
-            s.insert_response(&resp, prev.as_deref(), &input, &events)
+            s.insert_response(&resp, prev.as_deref(), &input, &events, &who)
         })
         .await?;
     }
-    let live = Live::new(first.clone(), b.response().clone(), background);
+    let live = Live::new(
+        first.clone(),
+        b.response().clone(),
+        background,
+        tenant.name.clone(),
+    );
     if stored {
         registry.insert(&id, live.clone());
     }

@@ -12,6 +12,10 @@
 //! responses of owners whose lock is free (the process is gone, even after
 //! `kill -9`) that were still queued or in progress are marked failed
 //! (`server_restarted`), with a `failed` event appended for replays.
+//!
+//! Responses and conversations belong to the tenant that created them
+//! (`crate::tenant`): lookups and deletes take the asking tenant and see
+//! only its rows, so another tenant's id reads as unknown.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -22,7 +26,7 @@ use gyre_api::v1::{Conversation, Item, Response, ResponseError, ResponseEvent, r
 use prost::Message;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::store_sql::{SCHEMA, append_items, evict, insert_events, items_of};
+use super::store_sql::{SCHEMA, append_items, evict, insert_events, items_of, migrate};
 
 /// What can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +121,7 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         let store = Self {
             conn: Mutex::new(conn),
             cfg,
@@ -197,27 +202,29 @@ impl Store {
         Ok(())
     }
 
-    /// Stores a new response with its input items and first events, then
-    /// evicts past the bounds.
+    /// Stores a new response of `tenant` with its input items and first
+    /// events, then evicts past the bounds.
     pub fn insert_response(
         &self,
         resp: &Response,
         previous_id: Option<&str>,
         input: &[Item],
         events: &[ResponseEvent],
+        tenant: &str,
     ) -> Result<(), StoreError> {
         let mut conn = self.conn()?;
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO responses(id, created_at, status, owner, previous_id, body)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO responses(id, created_at, status, owner, previous_id, body, tenant)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
                 resp.id,
                 resp.created_at,
                 resp.status,
                 self.owner,
                 previous_id,
-                resp.encode_to_vec()
+                resp.encode_to_vec(),
+                tenant
             ],
         )?;
         for (pos, item) in input.iter().enumerate() {
@@ -254,12 +261,13 @@ impl Store {
         Ok(())
     }
 
-    pub fn get_response(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+    /// A response of `tenant` (None for another tenant's).
+    pub fn get_response(&self, id: &str, tenant: &str) -> Result<Option<Stored>, StoreError> {
         let conn = self.conn()?;
         let row: Option<(Vec<u8>, Option<String>)> = conn
             .query_row(
-                "SELECT body, previous_id FROM responses WHERE id = ?1",
-                params![id],
+                "SELECT body, previous_id FROM responses WHERE id = ?1 AND tenant = ?2",
+                params![id, tenant],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
@@ -272,10 +280,13 @@ impl Store {
         }
     }
 
-    /// Deletes a response; false when there was none.
-    pub fn delete_response(&self, id: &str) -> Result<bool, StoreError> {
+    /// Deletes a response of `tenant`; false when it has none of that id.
+    pub fn delete_response(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
         let conn = self.conn()?;
-        Ok(conn.execute("DELETE FROM responses WHERE id = ?1", params![id])? > 0)
+        Ok(conn.execute(
+            "DELETE FROM responses WHERE id = ?1 AND tenant = ?2",
+            params![id, tenant],
+        )? > 0)
     }
 
     /// The stored events of a response after `after` (all when None).
@@ -306,12 +317,12 @@ impl Store {
 
     /// The history `previous_response_id = id` continues: each response of
     /// the chain, oldest first, its input items then its output items. The
-    /// chain ends at the first response no longer stored.
-    pub fn history(&self, id: &str) -> Result<Vec<Item>, StoreError> {
+    /// chain ends at the first response no longer stored (or not `tenant`'s).
+    pub fn history(&self, id: &str, tenant: &str) -> Result<Vec<Item>, StoreError> {
         let mut chain = Vec::new();
         let mut next = Some(id.to_string());
         while let Some(id) = next.take() {
-            let Some(s) = self.get_response(&id)? else {
+            let Some(s) = self.get_response(&id, tenant)? else {
                 break;
             };
             let mut items = self.input_items(&id)?;
@@ -372,12 +383,18 @@ impl Store {
         Ok(Some((items, more)))
     }
 
-    pub fn insert_conversation(&self, c: &Conversation, items: &[Item]) -> Result<(), StoreError> {
+    /// Stores a new conversation of `tenant`.
+    pub fn insert_conversation(
+        &self,
+        c: &Conversation,
+        items: &[Item],
+        tenant: &str,
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn()?;
         let tx = conn.transaction()?;
         tx.execute(
-            "INSERT INTO conversations(id, created_at, body) VALUES (?1, ?2, ?3)",
-            params![c.id, c.created_at, c.encode_to_vec()],
+            "INSERT INTO conversations(id, created_at, body, tenant) VALUES (?1, ?2, ?3, ?4)",
+            params![c.id, c.created_at, c.encode_to_vec(), tenant],
         )?;
         append_items(&tx, &c.id, items)?;
         evict(&tx, &self.cfg, now())?;
@@ -385,12 +402,17 @@ impl Store {
         Ok(())
     }
 
-    pub fn get_conversation(&self, id: &str) -> Result<Option<Conversation>, StoreError> {
+    /// A conversation of `tenant` (None for another tenant's).
+    pub fn get_conversation(
+        &self,
+        id: &str,
+        tenant: &str,
+    ) -> Result<Option<Conversation>, StoreError> {
         let conn = self.conn()?;
         let body: Option<Vec<u8>> = conn
             .query_row(
-                "SELECT body FROM conversations WHERE id = ?1",
-                params![id],
+                "SELECT body FROM conversations WHERE id = ?1 AND tenant = ?2",
+                params![id, tenant],
                 |r| r.get(0),
             )
             .optional()?;
@@ -404,9 +426,13 @@ impl Store {
         items_of(&conn, "conversation_items", "conversation_id", id)
     }
 
-    pub fn delete_conversation(&self, id: &str) -> Result<bool, StoreError> {
+    /// Deletes a conversation of `tenant`; false when it has none of that id.
+    pub fn delete_conversation(&self, id: &str, tenant: &str) -> Result<bool, StoreError> {
         let conn = self.conn()?;
-        Ok(conn.execute("DELETE FROM conversations WHERE id = ?1", params![id])? > 0)
+        Ok(conn.execute(
+            "DELETE FROM conversations WHERE id = ?1 AND tenant = ?2",
+            params![id, tenant],
+        )? > 0)
     }
 
     /// Evicts past the bounds as of `now` (Unix seconds).

@@ -15,7 +15,8 @@ CREATE TABLE IF NOT EXISTS responses(
   status TEXT NOT NULL,
   owner TEXT NOT NULL,
   previous_id TEXT,
-  body BLOB NOT NULL);
+  body BLOB NOT NULL,
+  tenant TEXT NOT NULL DEFAULT 'anonymous');
 CREATE TABLE IF NOT EXISTS input_items(
   response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
   pos INTEGER NOT NULL, item_id TEXT NOT NULL, body BLOB NOT NULL,
@@ -28,12 +29,32 @@ CREATE TABLE IF NOT EXISTS conversations(
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT NOT NULL UNIQUE,
   created_at INTEGER NOT NULL,
-  body BLOB NOT NULL);
+  body BLOB NOT NULL,
+  tenant TEXT NOT NULL DEFAULT 'anonymous');
 CREATE TABLE IF NOT EXISTS conversation_items(
   conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
   pos INTEGER NOT NULL, item_id TEXT NOT NULL, body BLOB NOT NULL,
   PRIMARY KEY(conversation_id, pos));
 ";
+
+/// Adds the `tenant` column to the tables of a store made before it
+/// existed (their rows belong to `anonymous`, the tenant of every request
+/// when no keys are configured).
+pub(super) fn migrate(conn: &rusqlite::Connection) -> Result<(), StoreError> {
+    for table in ["responses", "conversations"] {
+        let has: bool = conn.query_row(
+            &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = 'tenant'"),
+            [],
+            |r| r.get(0),
+        )?;
+        if !has {
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN tenant TEXT NOT NULL DEFAULT 'anonymous'"
+            ))?;
+        }
+    }
+    Ok(())
+}
 
 pub(super) fn insert_events(
     tx: &rusqlite::Transaction<'_>,
