@@ -6,12 +6,79 @@
 //! chunk after cached tokens, a full prompt and a decode, once with flash
 //! attention over packed sequences and once with SDPA per sequence, and
 //! compares the hidden states; then compares the CUDA (bf16) logits of a
-//! prompt with the CPU (f32) ones. Exits non-zero if flash attention fell
-//! back or a difference is over its tolerance.
+//! prompt with the CPU (f32) ones; then runs seeded requests with every
+//! sampling parameter through the engine on CUDA twice, sampling on the
+//! device and on the host, and compares their tokens. Exits non-zero if
+//! flash attention fell back, a difference is over its tolerance, or a
+//! stream's tokens differ.
 use std::process::ExitCode;
 
 use gyre_engine::internals::{Model, SeqInput, load};
+use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use tch::{Device, Kind, Tensor};
+
+/// Seeded requests over the sampling parameters, one at a time (the same
+/// steps, so the same logits, on both runs).
+fn sampled_streams(dir: &str, on_device: bool) -> Vec<Vec<u32>> {
+    let mut o = EngineOptions::new(dir);
+    o.device = DeviceChoice::Cuda;
+    o.device_sampling = Some(on_device);
+    o.max_running = 1;
+    let e = Engine::start(o).expect("engine on CUDA");
+    let s = |temperature: f32, top_p: f32, top_k: u32, min_p: f32| Sampling {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        ..Sampling::default()
+    };
+    let settings = [
+        s(0.0, 1.0, 0, 0.0),
+        s(1.0, 1.0, 0, 0.0),
+        s(0.7, 0.9, 0, 0.0),
+        s(1.2, 1.0, 20, 0.0),
+        s(1.0, 1.0, 0, 0.05),
+        Sampling {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.5,
+            logit_bias: vec![(120, 3.0), (121, -100.0)],
+            ..s(0.9, 0.95, 50, 0.0)
+        },
+    ];
+    let prompt: Vec<u32> = (0..24).map(|i| 100 + (i * 53) % 900).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut out = Vec::new();
+    for (i, cfg) in settings.iter().enumerate() {
+        for seed in 0..4u64 {
+            let req = GenerateRequest {
+                sampling: Sampling {
+                    seed: Some(seed + 10 * i as u64),
+                    ..cfg.clone()
+                },
+                ignore_eos: true,
+                min_tokens: if seed == 1 { 8 } else { 0 },
+                ..GenerateRequest::new(prompt.clone(), 32)
+            };
+            let mut rx = e.submit(req).expect("submit");
+            let mut toks = Vec::new();
+            rt.block_on(async {
+                while let Some(ev) = rx.recv().await {
+                    match ev {
+                        Event::Token(t) => toks.push(t),
+                        Event::Finished { .. } => break,
+                        Event::Failed(err) => panic!("{err}"),
+                        _ => {}
+                    }
+                }
+            });
+            out.push(toks);
+        }
+    }
+    out
+}
 
 fn steps(model: &dyn Model) -> Vec<Tensor> {
     let a: Vec<u32> = (0..40).map(|i| 100 + (i * 37) % 900).collect();
@@ -100,6 +167,30 @@ fn main() -> ExitCode {
         "logits CUDA bf16 (flash) vs CPU f32: max relative diff {d:.3e}, same argmax at every position: {same_argmax}"
     );
     ok &= d < 5e-2;
+    drop((gpu, cpu));
+    let host = sampled_streams(&dir, false);
+    let device = sampled_streams(&dir, true);
+    let same = host.iter().zip(&device).filter(|(h, d)| h == d).count();
+    let distinct: std::collections::HashSet<_> = device.iter().collect();
+    println!(
+        "sampling on the device vs the host (CUDA, 6 settings x 4 seeds, 32 tokens): {same}/{} streams identical, {} distinct",
+        host.len(),
+        distinct.len()
+    );
+    for (i, (h, d)) in host
+        .iter()
+        .zip(&device)
+        .enumerate()
+        .filter(|(_, (h, d))| h != d)
+    {
+        let at = h
+            .iter()
+            .zip(d)
+            .position(|(a, b)| a != b)
+            .unwrap_or(h.len().min(d.len()));
+        println!("  stream {i} differs from token {at}");
+    }
+    ok &= same == host.len();
     if ok {
         ExitCode::SUCCESS
     } else {

@@ -4,11 +4,21 @@
 //!     cargo run --release -p gyre-engine --example steptime -- <model dir> [prompt_len] [new_tokens] [streams]
 //!
 //! `DEVICE=cuda` (or `auto`) runs it on the GPU; the default is the CPU.
+//! `TEMP=1` samples (temperature 1, top-p 0.9) instead of decoding greedily.
+//! `GYRE_PROFILE_GRAPHS=1` also logs each decode graph's device time per
+//! replay, back to back (see `engine/src/graph.rs`).
 use std::time::Instant;
 
 use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,gyre_engine::graph=info")
+            }),
+        )
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let dir = args.get(1).expect("model dir");
     let plen: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1500);
@@ -34,9 +44,13 @@ fn main() {
         let prompt: Vec<u32> = (0..plen as u32)
             .map(|i| 100 + (i * 7919 + round) % 30000)
             .collect();
+        // TEMP=1: temperature 1 with top-p 0.9 (seeded) instead of greedy.
+        let sampled = std::env::var("TEMP").is_ok_and(|v| v == "1");
         let req = GenerateRequest {
             sampling: Sampling {
-                temperature: 0.0,
+                temperature: if sampled { 1.0 } else { 0.0 },
+                top_p: if sampled { 0.9 } else { 1.0 },
+                seed: Some(u64::from(round)),
                 ..Sampling::default()
             },
             ignore_eos: true,

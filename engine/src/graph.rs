@@ -9,8 +9,10 @@
 //! a power of two, at least 256). Flash attention reads each sequence's
 //! first `seqused_k[i]` keys of its span, so one graph serves any lengths up
 //! to `L`. Before each replay the step's token ids, positions, slots and
-//! lengths are copied into the graph's input tensors; after it, the logits
-//! of the real rows come back to the host (the step's one host sync).
+//! lengths are copied into the graph's input tensors; the logits of the
+//! real rows stay on the device, where the step samples from them
+//! (`crate::sampler_device`; the token ids coming back are the step's one
+//! host sync).
 //!
 //! A graph is captured the first time its shape is needed: the step runs
 //! once eagerly on a side stream (warming up libraries' per-stream state),
@@ -21,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use crate::EngineError;
 use crate::flash::Varlen;
@@ -193,6 +195,38 @@ struct Captured {
     seqused: Tensor,
     /// float32 [b, vocab].
     logits: Tensor,
+    /// Replays so far.
+    replays: u64,
+}
+
+/// The replay of a graph's life at which `GYRE_PROFILE_GRAPHS=1` times it.
+const PROFILE_AT: u64 = 64;
+
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GYRE_PROFILE_GRAPHS").is_ok_and(|v| v == "1"))
+}
+
+/// Times 32 back-to-back replays of `c` (the step just replayed, so they
+/// rewrite the same keys and values) and logs the device time of one: what
+/// a step costs with no host work between replays, to set beside the
+/// measured step time (the difference is the host's part).
+fn profile(c: &Captured, b: i64, l: i64) -> Result<(), EngineError> {
+    const N: u32 = 32;
+    tch::Cuda::synchronize(0);
+    let t0 = std::time::Instant::now();
+    for _ in 0..N {
+        c.graph.replay()?;
+    }
+    tch::Cuda::synchronize(0);
+    let ms = t0.elapsed().as_secs_f64() * 1e3 / f64::from(N);
+    tracing::info!(
+        batch = b,
+        stride = l,
+        replay_ms = format!("{ms:.3}"),
+        "decode graph replayed back to back"
+    );
+    Ok(())
 }
 
 /// The decode graphs of one model.
@@ -231,15 +265,15 @@ impl DecodeGraphs {
     }
 
     /// Runs a step whose sequences each decode one token through a graph
-    /// and returns the logits of its rows on the host (row after row) and
-    /// the vocabulary size; None when this step runs eagerly instead (too
-    /// large, or graphs are off).
+    /// and returns the logits of its rows ([rows, vocab], float32, on the
+    /// device: the graph's output, valid until its next replay); None when
+    /// this step runs eagerly instead (too large, or graphs are off).
     pub(crate) fn decode(
         &mut self,
         model: &dyn Model,
         seqs: &[SeqInput<'_>],
         pool: &mut KvPool,
-    ) -> Result<Option<(Vec<f32>, usize)>, EngineError> {
+    ) -> Result<Option<Tensor>, EngineError> {
         if self.off || seqs.is_empty() || seqs.iter().any(|s| s.tokens.len() != 1) {
             return Ok(None);
         }
@@ -291,12 +325,11 @@ impl DecodeGraphs {
         c.inputs.f_copy_(&Tensor::from_slice(&host))?;
         c.seqused.f_copy_(&Tensor::from_slice(&used))?;
         c.graph.replay()?;
-        let logits = c.logits.f_narrow(0, 0, n)?.f_to_device(Device::Cpu)?;
-        let vocab = logits.size()[1] as usize;
-        let numel = logits.numel();
-        let mut flat = vec![0f32; numel];
-        logits.f_copy_data(&mut flat, numel)?;
-        Ok(Some((flat, vocab)))
+        c.replays += 1;
+        if c.replays == PROFILE_AT && profiling() {
+            profile(c, b, l)?;
+        }
+        Ok(Some(c.logits.f_narrow(0, 0, n)?))
     }
 
     /// Warms up and captures a graph of `b` rows at stride `l`, its inputs
@@ -357,6 +390,7 @@ impl DecodeGraphs {
             inputs,
             seqused,
             logits,
+            replays: 0,
         })
     }
 }

@@ -30,6 +30,7 @@ mod layers;
 mod models;
 pub mod progress;
 mod sampler;
+mod sampler_device;
 mod scheduler;
 mod sequence;
 mod speculate;
@@ -141,6 +142,11 @@ pub struct EngineOptions {
     /// load reporter (see [`progress::set_reporter`]); None keeps the one
     /// set before (log lines by default).
     pub load_progress: Option<Arc<dyn progress::LoadProgress>>,
+    /// Where decode steps sample (see `sampler_device`): None, on the
+    /// device when it is CUDA (else the host), unless `GYRE_DEVICE_SAMPLING`
+    /// says `0` (never) or `1` (always, the CPU's tensors too: for tests);
+    /// Some(on) overrides both.
+    pub device_sampling: Option<bool>,
 }
 
 impl EngineOptions {
@@ -156,6 +162,7 @@ impl EngineOptions {
             num_blocks: None,
             compute_threads: None,
             load_progress: None,
+            device_sampling: None,
         }
     }
 }

@@ -106,7 +106,9 @@ impl Sampler {
             }
         }
         if c.repetition_penalty != 1.0 {
-            for &t in self.prompt.iter().chain(self.counts.keys()) {
+            // Once per token seen, in the prompt or the output or both (as
+            // transformers' gather/scatter over the ids).
+            for &t in self.repetition_tokens() {
                 if let Some(x) = l.get_mut(t as usize) {
                     *x = if *x > 0.0 {
                         *x / c.repetition_penalty
@@ -122,6 +124,80 @@ impl Sampler {
             }
         }
         Some(l)
+    }
+
+    /// The tokens the repetition penalty applies to: each one seen in the
+    /// prompt or generated, once.
+    fn repetition_tokens(&self) -> impl Iterator<Item = &u32> {
+        let prompt = &self.prompt;
+        prompt
+            .iter()
+            .chain(self.counts.keys().filter(move |t| !prompt.contains(t)))
+    }
+
+    /// What the device sampler needs to pick this sampler's next token from
+    /// row `row` of a step's logits (of `vocab` tokens), never one of
+    /// `suppress`, under an additive constraint `mask` (0 or -inf per
+    /// token); draws the one random number the host sampler would. Call
+    /// [`Sampler::record`] with the token picked.
+    pub(crate) fn device_plan(
+        &mut self,
+        row: i64,
+        suppress: &[u32],
+        mask: Option<Vec<f32>>,
+        vocab: usize,
+    ) -> crate::sampler_device::RowPick {
+        let c = &self.cfg;
+        let in_vocab = |t: u32| (t as usize) < vocab;
+        let mut additive: Vec<(u32, f32)> = c
+            .logit_bias
+            .iter()
+            .copied()
+            .filter(|&(t, _)| in_vocab(t))
+            .collect();
+        additive.extend(
+            suppress
+                .iter()
+                .filter(|&&t| in_vocab(t))
+                .map(|&t| (t, f32::NEG_INFINITY)),
+        );
+        let repetition = (c.repetition_penalty != 1.0).then(|| {
+            let ids = self
+                .repetition_tokens()
+                .copied()
+                .filter(|&t| in_vocab(t))
+                .collect();
+            (c.repetition_penalty, ids)
+        });
+        let penalties = if c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
+            self.counts
+                .iter()
+                .filter(|&(&t, _)| in_vocab(t))
+                .map(|(&t, &n)| (t, c.presence_penalty + c.frequency_penalty * n as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let greedy = c.temperature <= 0.0 || c.top_k == 1;
+        let (temperature, top_k, top_p, min_p) = (c.temperature, c.top_k, c.top_p, c.min_p);
+        let draw = (!greedy).then(|| self.rng.random::<f32>());
+        crate::sampler_device::RowPick {
+            row,
+            mask,
+            additive,
+            repetition,
+            penalties,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            draw,
+        }
+    }
+
+    /// Counts a token the device sampler picked (for the penalties).
+    pub(crate) fn record(&mut self, tok: u32) {
+        *self.counts.entry(tok).or_default() += 1;
     }
 
     fn pick(&mut self, logits: &[f32], suppress: &[u32]) -> u32 {
@@ -146,34 +222,38 @@ impl Sampler {
             cand.truncate(self.cfg.top_k as usize);
         }
         let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|(_, l)| (l - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
+        // Probabilities in f64 (exp of the f32 difference): sums over a
+        // large vocabulary then agree with the device sampler's, whose
+        // order of addition differs, far below any pick's margin.
+        let mut probs: Vec<f64> = cand.iter().map(|(_, l)| f64::from(l - max).exp()).collect();
+        let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= sum);
         if self.cfg.min_p > 0.0 {
             // Sorted: keep the prefix at least min_p times as likely as the first.
-            let floor = self.cfg.min_p * probs[0];
+            let floor = f64::from(self.cfg.min_p) * probs[0];
             let keep = probs.iter().take_while(|&&p| p >= floor).count().max(1);
             probs.truncate(keep);
             cand.truncate(keep);
-            let s: f32 = probs.iter().sum();
+            let s: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= s);
         }
         if self.cfg.top_p < 1.0 {
+            let top_p = f64::from(self.cfg.top_p);
             let mut acc = 0.0;
             let mut keep = probs.len();
             for (i, p) in probs.iter().enumerate() {
                 acc += p;
-                if acc >= self.cfg.top_p {
+                if acc >= top_p {
                     keep = i + 1;
                     break;
                 }
             }
             probs.truncate(keep);
             cand.truncate(keep);
-            let s: f32 = probs.iter().sum();
+            let s: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= s);
         }
-        let r: f32 = self.rng.random();
+        let r = f64::from(self.rng.random::<f32>());
         let mut acc = 0.0;
         for (i, p) in probs.iter().enumerate() {
             acc += p;

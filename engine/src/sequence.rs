@@ -79,6 +79,36 @@ pub(crate) fn sample_next(g: &mut Gen, row: &[f32]) -> Result<u32, EngineError> 
     Ok(tok)
 }
 
+/// What the device sampler needs to pick `g`'s next token from row `row`
+/// of the step's logits: the same rules as [`sample_next`] (its
+/// constraint's mask, or the tokens suppressed before min_tokens).
+pub(crate) fn device_plan(
+    g: &mut Gen,
+    row: i64,
+    vocab: usize,
+) -> Result<crate::sampler_device::RowPick, EngineError> {
+    let constrained = g.req.constraint.as_ref().is_some_and(|c| !c.is_free());
+    if let (Some(c), true) = (g.req.constraint.as_mut(), constrained) {
+        let mut mask = vec![0f32; vocab];
+        c.mask(&mut mask)
+            .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+        return Ok(g.sampler.device_plan(row, &[], Some(mask), vocab));
+    }
+    let suppress = suppressed(g);
+    Ok(g.sampler.device_plan(row, &suppress, None, vocab))
+}
+
+/// Takes the token the device sampler picked for `g` (its penalties'
+/// counts and its constraint follow it).
+pub(crate) fn take_device_pick(g: &mut Gen, tok: u32) -> Result<(), EngineError> {
+    g.sampler.record(tok);
+    if let Some(c) = g.req.constraint.as_mut() {
+        c.consume(tok)
+            .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Tokens that may not be sampled yet: EOS and stop ids before min_tokens.
 fn suppressed(g: &Gen) -> Vec<u32> {
     if g.generated >= g.req.min_tokens {

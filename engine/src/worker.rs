@@ -19,7 +19,10 @@ use crate::layers::batch::SeqInput;
 use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
-use crate::sequence::{Gen, PROMPT_LP_ROWS, sample_next, send_logprobs, take_token, verify};
+use crate::sequence::{
+    Gen, PROMPT_LP_ROWS, device_plan, sample_next, send_logprobs, take_device_pick, take_token,
+    verify,
+};
 #[path = "worker_beam.rs"]
 mod beam_ops;
 
@@ -118,6 +121,8 @@ struct Worker {
     stats_tx: watch::Sender<EngineStats>,
     stats: EngineStats,
     admission: Arc<Admission>,
+    /// Sampling on the device: None, when the logits are on CUDA.
+    device_sampling: Option<bool>,
 }
 
 impl Worker {
@@ -186,6 +191,9 @@ impl Worker {
             stats_tx,
             stats,
             admission,
+            device_sampling: opts
+                .device_sampling
+                .or_else(crate::sampler_device::from_env),
         };
         Ok((
             worker,
@@ -481,6 +489,47 @@ impl Worker {
                 sampled.push((id, s.drafts));
             }
         }
+        // A sequence that decodes one plain token (no logprobs, beams,
+        // speculation or forks to make) is sampled on the device when the
+        // model runs on CUDA; the rest, and every row on the CPU, come to
+        // the host. The device's picks are planned (and their data copied
+        // over) before the forward pass, so the step's one sync after it is
+        // the tokens coming back.
+        let on_device = self
+            .device_sampling
+            .unwrap_or_else(|| self.model.device().is_cuda());
+        let vocab = self.model.config().vocab_size as usize;
+        let mut failed = Vec::new();
+        let mut plans = Vec::new();
+        let mut device_at = vec![None; sampled.len()];
+        let mut host_at = vec![None; sampled.len()];
+        let mut host_rows: Vec<i64> = Vec::new();
+        let mut at = 0;
+        for (k, &(id, drafts)) in sampled.iter().enumerate() {
+            let first = at as i64;
+            at += 1 + drafts;
+            let plain = drafts == 0
+                && !self.beam_of.contains_key(&id)
+                && self
+                    .gens
+                    .get(&id)
+                    .is_some_and(|g| g.forks.is_empty() && g.req.logprobs.is_none());
+            match self.gens.get_mut(&id) {
+                Some(g) if on_device && plain => match device_plan(g, first, vocab) {
+                    Ok(p) => {
+                        device_at[k] = Some(plans.len());
+                        plans.push(p);
+                    }
+                    Err(e) => failed.push((id, e)),
+                },
+                _ => {
+                    host_at[k] = Some(host_rows.len());
+                    host_rows.extend(first..at as i64);
+                }
+            }
+        }
+        let prepared =
+            crate::sampler_device::Prepared::new(&plans, vocab as i64, self.model.device())?;
         // A step of single-token decodes, each sampled once, replays a CUDA
         // graph where one is available (see `crate::graph`).
         let mut graphed = match self.graphs.as_mut() {
@@ -508,21 +557,25 @@ impl Worker {
         if sampled.is_empty() {
             return Ok(());
         }
-        let (flat, vocab) = match (graphed.take(), &hidden) {
+        let logits = match (graphed.take(), &hidden) {
             (Some(logits), _) => logits,
-            (None, Some(hidden)) => self.logits_rows(hidden, &rows)?,
+            (None, Some(hidden)) => self.device_logits(hidden, &rows)?,
             (None, None) => unreachable!("a step is either graphed or eager"),
         };
+        let vocab = logits.size()[1] as usize;
         let max_len = self.model.config().max_position_embeddings as usize;
         let mut finished = Vec::new();
-        let mut failed = Vec::new();
         let mut children = Vec::new();
         let mut beam_groups = Vec::new();
-        let mut at = 0;
-        for (id, drafts) in sampled {
-            let first = at;
-            at += 1 + drafts;
-            if let Some(gid) = self.beam_row(id, &flat[first * vocab..at * vocab]) {
+        let flat = self.host_rows(&logits, &host_rows, rows.len())?;
+        let picks = match &prepared {
+            Some(p) => p.pick(&logits)?,
+            None => Vec::new(),
+        };
+        drop(logits);
+        for (k, (id, drafts)) in sampled.into_iter().enumerate() {
+            let host = host_at[k].map(|h| &flat[h * vocab..(h + 1 + drafts) * vocab]);
+            if let Some(gid) = host.and_then(|rows| self.beam_row(id, rows)) {
                 beam_groups.push(gid);
                 continue;
             }
@@ -530,8 +583,20 @@ impl Worker {
             let Some(g) = self.gens.get_mut(&id) else {
                 continue;
             };
+            if let Some(j) = device_at[k] {
+                let tok = picks[j];
+                if let Err(e) = take_device_pick(g, tok) {
+                    failed.push((id, e));
+                } else if let Some(reason) = take_token(g, s, tok, max_len, &mut self.stats) {
+                    finished.push((id, reason));
+                }
+                continue;
+            }
+            // Failed while planning its device pick.
+            let Some(rows) = host else {
+                continue;
+            };
             if drafts > 0 {
-                let rows = &flat[first * vocab..at * vocab];
                 match verify(g, s, rows, vocab, max_len, &mut self.stats) {
                     Ok(Some(reason)) => finished.push((id, reason)),
                     Ok(None) => {
@@ -542,7 +607,7 @@ impl Worker {
                 }
                 continue;
             }
-            let row = &flat[first * vocab..at * vocab];
+            let row = rows;
             // Parallel sampling: once the prompt is in the cache, each extra
             // choice becomes a sequence sharing the prompt's blocks (the
             // partial last block is copied on its first write).
@@ -650,18 +715,41 @@ impl Worker {
         Ok(())
     }
 
+    /// Float32 logits of the given rows of `hidden`, where they are computed.
+    fn device_logits(&self, hidden: &Tensor, rows: &[i64]) -> Result<Tensor, EngineError> {
+        let idx = Tensor::from_slice(rows).f_to_device(self.model.device())?;
+        self.model.logits(&hidden.f_index_select(0, &idx)?)
+    }
+
+    /// Rows `rows` of `logits` (which has `total` rows) on the host, row
+    /// after row.
+    fn host_rows(
+        &self,
+        logits: &Tensor,
+        rows: &[i64],
+        total: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let picked = if rows.len() == total {
+            logits.shallow_clone()
+        } else {
+            logits.f_index_select(0, &Tensor::from_slice(rows).f_to_device(logits.device())?)?
+        };
+        let host = picked.f_to_device(Device::Cpu)?;
+        let numel = host.numel();
+        let mut flat = vec![0f32; numel];
+        host.f_copy_data(&mut flat, numel)?;
+        Ok(flat)
+    }
+
     /// Float32 logits of the given rows of `hidden`, on the host, row after
     /// row; and the vocabulary size (the row length).
     fn logits_rows(&self, hidden: &Tensor, rows: &[i64]) -> Result<(Vec<f32>, usize), EngineError> {
-        let idx = Tensor::from_slice(rows).f_to_device(self.model.device())?;
-        let logits = self
-            .model
-            .logits(&hidden.f_index_select(0, &idx)?)?
-            .f_to_device(Device::Cpu)?;
+        let logits = self.device_logits(hidden, rows)?;
         let vocab = logits.size()[1] as usize;
-        let numel = logits.numel();
-        let mut flat = vec![0f32; numel];
-        logits.f_copy_data(&mut flat, numel)?;
+        let flat = self.host_rows(&logits, rows, rows.len())?;
         Ok((flat, vocab))
     }
 

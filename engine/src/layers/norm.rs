@@ -20,6 +20,14 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, EngineError> {
+        if x.device().is_cuda() && fused_on_cuda() {
+            // One kernel instead of eight (at batch 1 a decode step is
+            // dozens of tiny kernels per layer). It rounds once, where
+            // transformers rounds the normalised value to bf16 before the
+            // weight's product: at most one bf16 step apart.
+            let dim = *x.size().last().unwrap_or(&1);
+            return Ok(x.f_rms_norm([dim], Some(&self.w), self.eps)?);
+        }
         let kind = x.kind();
         let h = x.f_to_kind(Kind::Float)?;
         let var = h
@@ -28,6 +36,13 @@ impl RmsNorm {
         let h = h.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(self.w.f_mul(&h.f_to_kind(kind)?)?)
     }
+}
+
+/// libtorch's fused RMSNorm on CUDA, unless `GYRE_FUSED_NORM=0` (to
+/// compare with transformers' unfused arithmetic).
+fn fused_on_cuda() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GYRE_FUSED_NORM").map_or(true, |v| v != "0"))
 }
 
 /// Gemma's RMSNorm: normalised in float32 and multiplied there by `1 + w`

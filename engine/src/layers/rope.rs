@@ -32,11 +32,15 @@ pub(crate) struct Rope {
     long: Option<(i64, i64)>,
 }
 
-/// The tables at one step's positions, [N, 1, rot_dim].
+/// The tables at one step's positions, [N, 1, rot_dim] (float32), and,
+/// made by the first layer that rotates, the same cast to the activations'
+/// kind with the sign of `rotate_half` folded into the sine (so every
+/// later layer of the step reuses them: fewer kernels per layer).
 pub(crate) struct RopeAt {
     cos: Tensor,
     sin: Tensor,
     rot_dim: i64,
+    cast: std::cell::OnceCell<(Kind, Tensor, Tensor)>,
 }
 
 impl Rope {
@@ -128,6 +132,7 @@ impl Rope {
             cos: self.cos.f_index_select(0, pos)?.f_unsqueeze(1)?,
             sin: self.sin.f_index_select(0, pos)?.f_unsqueeze(1)?,
             rot_dim: self.rot_dim,
+            cast: std::cell::OnceCell::new(),
         })
     }
 }
@@ -137,12 +142,60 @@ impl RopeAt {
     /// of each head of `x` [N, heads, head_dim]; the rest pass unchanged.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor, EngineError> {
         let hd = x.size()[2];
+        let (cos, sin) = self.tables(x.kind())?;
         if self.rot_dim == hd {
-            return rotate(x, &self.cos, &self.sin);
+            return rotate(x, &cos, &sin);
         }
-        let rot = rotate(&x.f_narrow(2, 0, self.rot_dim)?, &self.cos, &self.sin)?;
+        let rot = rotate(&x.f_narrow(2, 0, self.rot_dim)?, &cos, &sin)?;
         let pass = x.f_narrow(2, self.rot_dim, hd - self.rot_dim)?;
         Ok(Tensor::f_cat(&[rot, pass], 2)?)
+    }
+
+    /// Splits a fused projection `qkv` [N, (heads + 2 kv_heads) * head_dim]
+    /// into query, key and value heads, the query and key heads rotated in
+    /// one pass (the same arithmetic as rotating each).
+    pub fn apply_qkv(
+        &self,
+        qkv: &Tensor,
+        heads: i64,
+        kv_heads: i64,
+        head_dim: i64,
+    ) -> Result<(Tensor, Tensor, Tensor), EngineError> {
+        let n = qkv.size()[0];
+        let all = qkv.f_view([n, heads + 2 * kv_heads, head_dim])?;
+        let qk = self.apply(&all.f_narrow(1, 0, heads + kv_heads)?)?;
+        Ok((
+            qk.f_narrow(1, 0, heads)?,
+            qk.f_narrow(1, heads, kv_heads)?,
+            all.f_narrow(1, heads + kv_heads, kv_heads)?,
+        ))
+    }
+
+    /// cos and the signed sine in `kind`, made once per step.
+    fn tables(&self, kind: Kind) -> Result<(Tensor, Tensor), EngineError> {
+        if let Some((k, c, s)) = self.cast.get()
+            && *k == kind
+        {
+            return Ok((c.shallow_clone(), s.shallow_clone()));
+        }
+        let half = self.rot_dim / 2;
+        let cos = self.cos.f_to_kind(kind)?;
+        let sin = self.sin.f_to_kind(kind)?;
+        // rotate_half(x) * sin = cat(-x2, x1) * sin = cat(x2, x1) * cat(-sin1, sin2):
+        // negation is exact, so the products are the same numbers.
+        let signed = Tensor::f_cat(
+            &[
+                sin.f_narrow(2, 0, half)?.f_neg()?,
+                sin.f_narrow(2, half, half)?,
+            ],
+            2,
+        )?;
+        if self.cast.get().is_none() {
+            let _ = self
+                .cast
+                .set((kind, cos.shallow_clone(), signed.shallow_clone()));
+        }
+        Ok((cos, signed))
     }
 }
 
@@ -205,14 +258,14 @@ fn longrope_inv_freq(
     Ok(ext.f_mul(&base)?.f_reciprocal()?)
 }
 
-fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EngineError> {
+/// `x * cos + rotate_half(x) * sin`, with `signed_sin` the sine whose
+/// first half is negated (see `RopeAt::tables`); tables already in x's kind.
+fn rotate(x: &Tensor, cos: &Tensor, signed_sin: &Tensor) -> Result<Tensor, EngineError> {
     let half = x.size()[2] / 2;
     let x1 = x.f_narrow(2, 0, half)?;
     let x2 = x.f_narrow(2, half, half)?;
-    let rot = Tensor::f_cat(&[x2.f_neg()?, x1], 2)?;
-    let kind = x.kind();
-    Ok(x.f_mul(&cos.f_to_kind(kind)?)?
-        .f_add(&rot.f_mul(&sin.f_to_kind(kind)?)?)?)
+    let swapped = Tensor::f_cat(&[x2, x1], 2)?;
+    Ok(x.f_mul(cos)?.f_add(&swapped.f_mul(signed_sin)?)?)
 }
 
 /// Inverse frequencies exactly as transformers computes them (float32 tensor

@@ -103,14 +103,8 @@ impl Attention {
             head_dim: hd,
             ..
         } = self.p;
-        let n = s.batch.n;
         let qkv = self.qkv.forward(x, s.be)?;
-        let q = qkv.f_narrow(1, 0, nh * hd)?.f_view([n, nh, hd])?;
-        let k = qkv.f_narrow(1, nh * hd, nkv * hd)?.f_view([n, nkv, hd])?;
-        let v = qkv
-            .f_narrow(1, (nh + nkv) * hd, nkv * hd)?
-            .f_view([n, nkv, hd])?;
-        let (q, k) = (rope.apply(&q)?, rope.apply(&k)?);
+        let (q, k, v) = rope.apply_qkv(&qkv, nh, nkv, hd)?;
         let out = paged_attention(s, &q, &k, &v, &self.p)?;
         self.o.forward(&out, s.be)
     }
