@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# decode, serve-smoke, bench. Results go under $OUT (default /tmp/gyre-out).
+# shapes, decode, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gyre-out}
@@ -53,10 +53,10 @@ step_env() {
 }
 
 step_cuda_check() {
-  for m in "$W"/tiny-*; do
+  for m in ${CUDA_CHECK_MODELS:-"$W"/tiny-*}; do
     echo "== cuda_check $(basename "$m")"
-    $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -8
-  done 2>&1 | tee "$OUT/cuda_check.txt"
+    $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -12
+  done 2>&1 | tee -a "$OUT/cuda_check.txt"
 }
 
 step_fidelity_tiny() {
@@ -83,18 +83,32 @@ step_fidelity_gguf() {
 }
 
 step_decode() {
-  # Batch-1 decode with CUDA graphs off and on (GYRE_CUDA_GRAPHS), and 8
-  # streams, on each random-weight shape; then the roofline of each.
-  for m in ${DECODE_MODELS:-llama-3.2-1b llama-3-8b}; do
-    [ -d "$W/$m" ] || continue
-    for g in 0 1; do
-      echo "== steptime $m graphs=$g (batch 1, 128-token prompt, 256 new tokens)"
-      GYRE_CUDA_GRAPHS=$g DEVICE=cuda ROUNDS=2 $B/examples/steptime "$W/$m" 128 256 1 2>&1 | grep -E "round|error|panic|WARN"
-      echo "== steptime $m graphs=$g (8 streams)"
-      GYRE_CUDA_GRAPHS=$g DEVICE=cuda ROUNDS=2 $B/examples/steptime "$W/$m" 128 128 8 2>&1 | grep -E "round|error|panic|WARN"
-    done
-    python3 tests/gpu/roofline.py "$W/$m" "$OUT/bandwidth.json" 256
-  done 2>&1 | tee "$OUT/decode.txt"
+  # Batch-1 and 8-stream decode on each random-weight shape (CUDA graphs
+  # on), the graphs' own device time per replay (GYRE_PROFILE_GRAPHS), then
+  # the same with sampling on the host (GYRE_DEVICE_SAMPLING=0) and with
+  # the unfused RMSNorm (GYRE_FUSED_NORM=0); greedy, and sampled
+  # (temperature 1, top-p 0.9) on the device and on the host. Then the
+  # roofline of each shape.
+  local run
+  run() {
+    local m=$1 streams=$2; shift 2
+    echo "== steptime $(basename "$m") streams=$streams $*"
+    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+      $B/examples/steptime "$m" 128 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+  }
+  for name in ${DECODE_MODELS:-llama-3-8b llama-3.2-1b}; do
+    local m="$W/$name"
+    [ -d "$m" ] || continue
+    run "$m" 1 X=1
+    run "$m" 8 X=1
+    if [ "$name" = llama-3-8b ]; then
+      run "$m" 1 GYRE_DEVICE_SAMPLING=0
+      run "$m" 1 GYRE_FUSED_NORM=0
+      run "$m" 1 TEMP=1
+      run "$m" 1 TEMP=1 GYRE_DEVICE_SAMPLING=0
+    fi
+    python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
+  done 2>&1 | tee -a "$OUT/decode.txt"
 }
 
 step_bench() {
