@@ -73,7 +73,7 @@ prometheus:
 	  else echo "prometheus is not installed (apt-get install prometheus): tests/test_metrics.py will fail"; fi; }
 
 test-e2e: setup build prometheus
-	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_MODELS=$(MODELS) \
+	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests
 

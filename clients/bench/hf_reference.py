@@ -29,6 +29,48 @@ import sys
 import time
 
 
+def load_model(path, device="auto", threads=0):
+    """Imports torch and transformers (offline, quiet) and loads the model at
+    `path` on `device` ("auto": cuda when there is one), bf16 on CUDA and f32
+    on the CPU (as gyre --device auto). Returns (torch, transformers, model,
+    device, dtype)."""
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                 ("TOKENIZERS_PARALLELISM", "false"), ("TRANSFORMERS_VERBOSITY", "error")):
+        os.environ.setdefault(k, v)
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return torch, transformers, model, device, dtype
+
+
+def generate_seconds(model, ids, n, device):
+    """Wall time of one greedy `generate` of exactly `n` new tokens per row
+    of `ids` ([B, P] on `device`), prefill included."""
+    import torch
+
+    gen = dict(do_sample=False, max_new_tokens=n, min_new_tokens=n, use_cache=True,
+               num_beams=1, pad_token_id=model.generation_config.pad_token_id or 0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **gen)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    got = out.shape[1] - ids.shape[1]
+    if got != n:
+        raise RuntimeError(f"generate returned {got} new tokens, expected {n}")
+    return dt
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,48 +80,18 @@ def main():
     with open(args.input) as f:
         spec = json.load(f)
 
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                 ("TOKENIZERS_PARALLELISM", "false"), ("TRANSFORMERS_VERBOSITY", "error")):
-        os.environ.setdefault(k, v)
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    threads = int(spec.get("threads", 0))
-    if threads > 0:
-        torch.set_num_threads(threads)
-    device = spec.get("device", "auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # as gyre --device auto
-
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+    torch, transformers, model, device, dtype = load_model(
+        args.model, spec.get("device", "auto"), int(spec.get("threads", 0)))
     prompts = spec["prompts"]
     if len({len(p) for p in prompts}) != 1:
         raise SystemExit("prompts must all have the same length")
     ids = torch.tensor(prompts, dtype=torch.long, device=device)
     mode = spec.get("mode", "generate")
     new = 1 if mode == "ttft" else int(spec["new_tokens"])
-    gen = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, use_cache=True,
-               num_beams=1, pad_token_id=model.generation_config.pad_token_id or 0)
 
-    def once(n):
-        kw = dict(gen, max_new_tokens=n, min_new_tokens=n)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        got = out.shape[1] - ids.shape[1]
-        if got != n:
-            raise SystemExit(f"generate returned {got} new tokens, expected {n}")
-        return dt
-
-    once(min(new, 8))  # warm-up: allocator, kernels, lazy init
-    runs = [once(new) for _ in range(max(1, int(spec.get("repeats", 1))))]
+    generate_seconds(model, ids, min(new, 8), device)  # warm-up: allocator, kernels, lazy init
+    runs = [generate_seconds(model, ids, new, device)
+            for _ in range(max(1, int(spec.get("repeats", 1))))]
     seconds = statistics.median(runs)
     batch = len(prompts)
     print(json.dumps({

@@ -138,6 +138,25 @@ step_serve_smoke() {
   tail -5 "$OUT/serve.log"
 }
 
+step_bench_sweep() {
+  # gyre-bench's G1 (1, 8, 64 and 256 streams over gRPC and over HTTP vs
+  # transformers' static batches of the same sizes, all in one process) and
+  # G2 (TTFT of 64 streams of 2,048-token prompts: a burst, then steady
+  # state, against the 800 ms objective) on the Llama-3-8B shape, one
+  # server sized for it. ~3-4 min on an H100; the figures also go to
+  # stderr as each level ends, in case the timeout cuts the run short.
+  local m="$W/llama-3-8b" tmp=/tmp/gyre-sweep
+  cp tests/data/tokenizers/phi-3-mini-instruct/tokenizer.json "$m/"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  TMPDIR=$tmp timeout ${SWEEP_TIMEOUT:-300} $B/gyre-bench --client-threads 4 run --device cuda \
+    --model "$m" --only G1,G2 --python python3 --gyre-bin $B/gyre --json-out "$OUT/bench-sweep.json" \
+    --hf-repeats ${SWEEP_HF_REPEATS:-2} --server-arg=--max-running=256 \
+    --server-arg=--kv-cache-mib=24576 --server-arg=--max-batch-tokens=2048 2>&1 \
+    | tail -80 | tee "$OUT/bench-sweep.txt"
+  tail -40 "$tmp"/gyre-bench-*/gyre.log > "$OUT/bench-sweep-gyre.log" 2>/dev/null
+  grep -E "ERROR|WARN" "$tmp"/gyre-bench-*/gyre.log | head -20
+}
+
 for s in "$@"; do
   echo "=== step $s ($(date +%T))"
   "step_${s//-/_}"

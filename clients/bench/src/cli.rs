@@ -33,8 +33,8 @@ pub struct Cli {
 pub enum Command {
     /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
     /// transformers, and E1 (embeddings) against sentence-transformers on an
-    /// embedding model, and P1 (prompt lookup) on a real chat model; print a
-    /// table and write JSON.
+    /// embedding model, and P1 (prompt lookup) on a real chat model (G1, G2
+    /// when --only names them); print a table and write JSON.
     Run(Box<RunArgs>),
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
@@ -55,7 +55,8 @@ pub struct RunArgs {
     /// Device of both (gyre --device; transformers: cuda bf16 / cpu f32).
     #[arg(long, env = "GYRE_BENCH_DEVICE", default_value = "auto")]
     pub device: String,
-    /// Scenarios to run, e.g. S1,S3 (default: all).
+    /// Scenarios to run, e.g. S1,S3 (default: all but G1 and G2, which run
+    /// only when named here).
     #[arg(long, env = "GYRE_BENCH_ONLY", value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to write the JSON results.
@@ -140,6 +141,29 @@ pub struct RunArgs {
     /// Timed transformers runs per reference figure (median).
     #[arg(long)]
     pub hf_repeats: Option<usize>,
+    /// G1's concurrency levels, each run over gRPC and over HTTP and as a
+    /// transformers batch size. Default: 1,8,64,256 (1,8 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pub g1_streams: Vec<usize>,
+    /// G1's prompt length (tokens). Default: 128 (32 with --quick).
+    #[arg(long)]
+    pub g1_prompt_tokens: Option<usize>,
+    /// G1's new tokens per request. Default: 128 (16 with --quick).
+    #[arg(long)]
+    pub g1_new_tokens: Option<u32>,
+    /// G2's concurrent streams. Default: 64 (8 with --quick).
+    #[arg(long)]
+    pub g2_streams: Option<usize>,
+    /// G2's prompt length (tokens). Default: 2048 (256 with --quick).
+    #[arg(long)]
+    pub g2_prompt_tokens: Option<usize>,
+    /// G2's new tokens per request. Default: 32 (8 with --quick).
+    #[arg(long)]
+    pub g2_new_tokens: Option<u32>,
+    /// Requests each stream of G2's steady mode sends back to back (TTFT
+    /// counts those after the first). Default: 3 (2 with --quick).
+    #[arg(long)]
+    pub g2_requests: Option<usize>,
     /// E1's embedding model directory (a sentence-transformers model),
     /// served by a `gyre serve` of its own.
     #[arg(

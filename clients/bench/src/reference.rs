@@ -160,3 +160,110 @@ pub async fn run_hf(python: &Python, spec: HfSpec<'_>) -> anyhow::Result<HfResul
         .context("hf_reference.py printed no JSON")?;
     serde_json::from_str(line).with_context(|| format!("reading {line:.300}"))
 }
+
+/// One job of `hf_sweep.py`: `mode` on the first B of `prompts`, for each B
+/// in `batches`.
+pub struct HfJob<'a> {
+    pub name: &'a str,
+    /// "generate" or "ttft".
+    pub mode: &'a str,
+    pub prompts: &'a [Vec<u32>],
+    pub batches: &'a [usize],
+    pub new_tokens: u32,
+}
+
+/// One batch size of a job: its figure, or why there is none (e.g. out of
+/// memory).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfPoint {
+    pub batch: usize,
+    pub result: Option<HfResult>,
+    pub error: Option<String>,
+}
+
+/// One job's batch sizes, in the order asked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfJobResult {
+    pub name: String,
+    pub mode: String,
+    pub points: Vec<HfPoint>,
+}
+
+impl HfJobResult {
+    /// The point of batch size `batch`.
+    pub fn point(&self, batch: usize) -> Option<&HfPoint> {
+        self.points.iter().find(|p| p.batch == batch)
+    }
+}
+
+/// What `hf_sweep.py` prints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HfSweep {
+    pub load_seconds: f64,
+    pub threads: usize,
+    pub device: String,
+    pub dtype: String,
+    pub attn_implementation: Option<String>,
+    pub torch: String,
+    pub transformers: String,
+    pub jobs: Vec<HfJobResult>,
+}
+
+impl HfSweep {
+    /// The job called `name`.
+    pub fn job(&self, name: &str) -> Option<&HfJobResult> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+}
+
+/// Runs `hf_sweep.py` on `jobs`: the model at `model` is loaded once, and
+/// every batch size of every job gets one warm-up and `repeats` timed runs.
+pub async fn run_hf_sweep(
+    python: &Python,
+    model: &Path,
+    jobs: &[HfJob<'_>],
+    threads: usize,
+    repeats: usize,
+    device: &str,
+    scratch: &Path,
+) -> anyhow::Result<HfSweep> {
+    let jobs: Vec<_> = jobs
+        .iter()
+        .map(|j| {
+            json!({
+                "name": j.name,
+                "mode": j.mode,
+                "prompts": j.prompts,
+                "batches": j.batches,
+                "new_tokens": j.new_tokens,
+            })
+        })
+        .collect();
+    let names: Vec<&str> = jobs.iter().filter_map(|j| j["name"].as_str()).collect();
+    let input = json!({
+        "threads": threads,
+        "repeats": repeats,
+        "device": device,
+        "jobs": jobs,
+    });
+    let file = scratch.join(format!("hf-sweep-{}.json", names.join("-")));
+    std::fs::write(&file, input.to_string())
+        .with_context(|| format!("writing {}", file.display()))?;
+    let stdout = python
+        .run(
+            "hf_sweep.py",
+            &[
+                "--model".as_ref(),
+                model.as_os_str(),
+                "--input".as_ref(),
+                file.as_os_str(),
+            ],
+        )
+        .await?;
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("hf_sweep.py printed no JSON")?;
+    serde_json::from_str(line).with_context(|| format!("reading {line:.300}"))
+}

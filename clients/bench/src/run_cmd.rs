@@ -334,6 +334,27 @@ fn override_sizes(sizes: &mut Sizes, args: &RunArgs) {
     if let Some(v) = args.o1_blocks {
         sizes.o1_blocks = v;
     }
+    if !args.g1_streams.is_empty() {
+        sizes.g1_streams.clone_from(&args.g1_streams);
+    }
+    if let Some(v) = args.g1_prompt_tokens {
+        sizes.g1_prompt = v;
+    }
+    if let Some(v) = args.g1_new_tokens {
+        sizes.g1_new = v;
+    }
+    if let Some(v) = args.g2_streams {
+        sizes.g2_streams = v;
+    }
+    if let Some(v) = args.g2_prompt_tokens {
+        sizes.g2_prompt = v;
+    }
+    if let Some(v) = args.g2_new_tokens {
+        sizes.g2_new = v;
+    }
+    if let Some(v) = args.g2_requests {
+        sizes.g2_requests = v;
+    }
 }
 
 /// Parameters of a Llama-family model from its config.json (untied or tied

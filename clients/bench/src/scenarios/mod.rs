@@ -11,6 +11,10 @@
 //! | B1 | beam search width 4 on SmolLM2 (own server): gyre gRPC vs transformers `generate(num_beams=4)`, tok/s of the best hypothesis | ratio >= 1.0 |
 //! | E1 | gyre embeddings (its own server on an embedding model) vs sentence-transformers `encode`, sentences/s | ratio >= 1.5 |
 //! | P1 | prompt lookup vs plain decoding, 1 stream, edit-style chat on SmolLM2-135M-Instruct (its own server), tok/s | ratio >= 1.5 |
+//! | G1 | 1, 8, 64, 256 concurrent streams over gRPC and over HTTP vs transformers static batches of the same sizes (one process): output tok/s, TTFT and ITL p50/p99 | - |
+//! | G2 | TTFT of 64 streams of 2,048-token prompts over gRPC: a burst, and closed-loop streams in steady state | p99 <= 800 ms (steady) |
+//!
+//! G1 and G2 (sized for a GPU) run only when `--only` names them.
 //!
 //! Each scenario returns its table rows and a JSON object of details; one
 //! that fails is reported as failed and the others still run.
@@ -22,6 +26,7 @@ pub mod lookup;
 pub mod ops;
 mod overhead;
 mod prefix;
+mod sweep;
 mod throughput;
 
 use std::path::PathBuf;
@@ -36,19 +41,29 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 9] = ["S1", "S2", "S3", "S4", "S5", "O1", "B1", "E1", "P1"];
+pub const ALL: [&str; 11] = [
+    "S1", "S2", "S3", "S4", "S5", "O1", "B1", "G1", "G2", "E1", "P1",
+];
 
-/// Whether `only` (empty: all) selects scenario `id`.
+/// Scenarios that run only when `--only` names them (sized for a GPU).
+pub const OPT_IN: [&str; 2] = ["G1", "G2"];
+
+/// Whether `only` (empty: all but [`OPT_IN`]) selects scenario `id`.
 pub fn selected(only: &[String], id: &str) -> bool {
-    only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(id))
+    if only.is_empty() {
+        return !OPT_IN.contains(&id);
+    }
+    only.iter().any(|o| o.eq_ignore_ascii_case(id))
 }
 
-/// Whether scenario `id` runs on the generative model (S1-S5, O1).
+/// Whether scenario `id` runs on the generative model (S1-S5, O1, B1, G1,
+/// G2).
 fn generative(id: &str) -> bool {
-    id.starts_with('S') || id == "O1" || id == "B1"
+    id.starts_with('S') || id.starts_with('G') || id == "O1" || id == "B1"
 }
 
-/// Whether `only` selects any scenario of the generative model (S1-S5, O1).
+/// Whether `only` selects any scenario of the generative model (S1-S5, O1,
+/// B1, G1, G2).
 pub fn needs_generative(only: &[String]) -> bool {
     ALL.iter()
         .filter(|id| generative(id))
@@ -88,6 +103,17 @@ pub struct Sizes {
     pub o1_blocks: usize,
     /// Timed transformers runs after its warm-up (the median counts).
     pub hf_repeats: usize,
+    /// G1 concurrency levels (each also a transformers batch size), prompt
+    /// and output lengths.
+    pub g1_streams: Vec<usize>,
+    pub g1_prompt: usize,
+    pub g1_new: u32,
+    /// G2 streams, prompt and output lengths, and requests per stream of
+    /// its steady (closed-loop) mode.
+    pub g2_streams: usize,
+    pub g2_prompt: usize,
+    pub g2_new: u32,
+    pub g2_requests: usize,
 }
 
 impl Sizes {
@@ -112,6 +138,13 @@ impl Sizes {
             o1_pairs: 12,
             o1_blocks: 4,
             hf_repeats: 3,
+            g1_streams: vec![1, 8, 64, 256],
+            g1_prompt: 128,
+            g1_new: 128,
+            g2_streams: 64,
+            g2_prompt: 2048,
+            g2_new: 32,
+            g2_requests: 3,
         }
     }
 
@@ -128,6 +161,13 @@ impl Sizes {
             o1_pairs: 2,
             o1_blocks: 2,
             hf_repeats: 1,
+            g1_streams: vec![1, 8],
+            g1_prompt: 32,
+            g1_new: 16,
+            g2_streams: 8,
+            g2_prompt: 256,
+            g2_new: 8,
+            g2_requests: 2,
             ..Self::full()
         }
     }
@@ -258,12 +298,15 @@ pub async fn run_lookup(ctx: &lookup::LookupCtx<'_>, only: &[String]) -> Vec<Sce
     vec![run_one("P1", lookup::p1(ctx)).await]
 }
 
-/// Runs the generative scenarios (S1-S5) in `only` (all when empty), in the
-/// order of [`ALL`].
+/// Runs the generative scenarios (S1-S5, O1, B1, G1, G2) in `only` (all
+/// but [`OPT_IN`] when empty), in the order of [`ALL`].
 pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
     eprintln!("gyre-bench: warming the server up ...");
     warm_up_server(ctx).await;
     let mut results = Vec::new();
+    // G2's transformers figure, measured by G1's reference process when
+    // both run (the model loads once).
+    let mut g2_reference = None;
     for id in ALL {
         if !selected(only, id) || !generative(id) {
             continue;
@@ -276,10 +319,18 @@ pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
                 "S4" => overhead::s4(ctx).await,
                 "O1" => ops::o1(ctx).await,
                 "B1" => beam::b1(ctx).await,
+                "G1" => sweep::g1(ctx, selected(only, "G2"), &mut g2_reference).await,
+                "G2" => sweep::g2(ctx, g2_reference.take()).await,
                 _ => cancel::s5(ctx).await,
             }
         };
-        results.push(run_one(id, scenario).await);
+        let result = run_one(id, scenario).await;
+        if OPT_IN.contains(&id) {
+            // Long GPU runs: the figures are on stderr even if the run is
+            // cut short before the report.
+            eprint!("{}", crate::report::table(std::slice::from_ref(&result)));
+        }
+        results.push(result);
     }
     results
 }
@@ -296,6 +347,8 @@ pub fn title(id: &str) -> &'static str {
         "B1" => "beam search width 4 on SmolLM2: gyre vs transformers generate(num_beams=4)",
         "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
         "P1" => "prompt lookup vs plain decoding: 1 stream, edit-style prompts, real model",
+        "G1" => "throughput per concurrency level, gRPC and HTTP, vs transformers batches",
+        "G2" => "TTFT of many streams with long prompts: a burst, then steady state (gRPC)",
         _ => "?",
     }
 }
@@ -303,4 +356,20 @@ pub fn title(id: &str) -> &'static str {
 /// Median of `values` (0 when empty).
 pub fn median(values: &[f64]) -> f64 {
     crate::stats::Dist::of(values.to_vec()).p50
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_scenarios_run_only_when_named() {
+        let only = |ids: &[&str]| ids.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(selected(&[], "S1") && selected(&[], "E1"));
+        assert!(!selected(&[], "G1") && !selected(&[], "G2"));
+        assert!(selected(&only(&["g1", "G2"]), "G1") && selected(&only(&["G2"]), "G2"));
+        assert!(!selected(&only(&["G1"]), "S1"));
+        assert!(needs_generative(&only(&["G2"])) && needs_generative(&[]));
+        assert!(!needs_generative(&only(&["E1", "P1"])));
+    }
 }
