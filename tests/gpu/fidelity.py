@@ -66,9 +66,16 @@ def log(msg):
 
 
 def build_random(config: dict, out: str):
-    """Seeded random bf16 weights for `config`, initialised on the GPU, saved to `out`."""
+    """Seeded random bf16 weights for `config`, initialised on the GPU, saved to `out`;
+    loaded back instead when an earlier run saved the same config there (STAMP)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    stamp = os.path.join(out, "STAMP")
+    want = json.dumps({"config": config, "seed": SEED}, sort_keys=True)
+    if os.path.exists(stamp) and open(stamp).read() == want:
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).to(DEV)
+        model.eval()
+        return model
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f)
@@ -78,6 +85,8 @@ def build_random(config: dict, out: str):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.eval()
     model.save_pretrained(out)
+    with open(stamp, "w") as f:
+        f.write(want)
     return model
 
 
