@@ -16,7 +16,7 @@ from . import _wire_pb2 as wire
 from ._common import (HEALTH_CHECK, HEALTH_STATUS, Accumulator, Chunk, Completion, GyreError, Message, Prompt,
                       TlsArg, Tokens, auth_metadata, build_request, channel_config, model_from_metadata,
                       tokenize_request)
-from ._sync import _END, _on_event
+from ._sync import _END, _duplicate, _on_event
 
 
 class AsyncClient:
@@ -172,6 +172,8 @@ class AsyncSession:
         req = build_request(prompt, messages=messages, request_id=rid, **params)
         if self._error is not None or self._reader.done():
             raise self._error or GyreError(grpc.StatusCode.CANCELLED, "the session is closed")
+        if rid in self._handles:
+            raise _duplicate(rid)
         h = AsyncSessionRequest(self, rid)
         self._handles[rid] = h
         try:

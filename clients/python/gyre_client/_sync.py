@@ -204,6 +204,8 @@ class Session:
         with self._lock:
             if self._error is not None or not self._reader.is_alive():
                 raise self._error or GyreError(grpc.StatusCode.CANCELLED, "the session is closed")
+            if rid in self._handles:
+                raise _duplicate(rid)
             self._handles[rid] = h
         self._outbox.put(pb.GenerateRequest(start=req))
         return h
@@ -273,6 +275,13 @@ class SessionRequest:
         if self._acc.completion is None:
             raise GyreError(grpc.StatusCode.UNKNOWN, "the request did not finish", request_id=self.request_id)
         return self._acc.completion
+
+
+def _duplicate(rid: str) -> GyreError:
+    """What the server would answer (`rejected`), said before sending: the
+    id names a request of this session that has not finished."""
+    return GyreError(grpc.StatusCode.ALREADY_EXISTS, f"request id {rid!r} is still running on this stream",
+                     reason="DUPLICATE_REQUEST_ID", field="start.request_id", request_id=rid)
 
 
 def _on_event(h, ev) -> Chunk | None:
