@@ -14,8 +14,11 @@ a `session` multiplexes two requests on one `Generate` stream and cancels
 one, `chat`, `tokenize`, `models`, `stats` and `health` agree with the
 server's other paths, errors arrive as `GyreError` with the status code and
 the ErrorInfo reason, and a server with `--api-key` refuses calls without
-the key (UNAUTHENTICATED) and serves them with it. The asyncio client runs
-the same generation, stream, session and error checks.
+the key (UNAUTHENTICATED) and serves them with it; over TLS with a client
+certificate (mTLS, certificates made here with openssl) the client connects
+with `TLS(ca, cert, key)` and is refused without its certificate or
+without TLS. The asyncio client runs the same generation, stream, session
+and error checks.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from conftest import API_KEY, assert_no_panic
+from conftest import API_KEY, QWEN, assert_no_panic
 
 PKG = harness.REPO / "clients" / "python"
 GGUF = "smollm2-135m-instruct.gguf"
@@ -273,6 +276,58 @@ def test_api_key(gc, keyed):
         assert right.generate("Hi", max_tokens=2, ignore_eos=True).usage.completion_tokens == 2
         with right.session() as s:
             assert s.submit("Hi", max_tokens=2, ignore_eos=True).result().usage.completion_tokens == 2
+
+
+def openssl(cwd: Path, *args: str) -> None:
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"openssl {' '.join(args)}: {done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    """A server CA and a client CA (self-signed), a server leaf for 127.0.0.1 and a client leaf."""
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for ca in ("server-ca", "client-ca"):
+        openssl(d, "req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
+                "-subj", f"/CN=gyre-client test {ca}", "-addext", "basicConstraints=critical,CA:TRUE",
+                "-addext", "keyUsage=critical,keyCertSign")
+    for leaf, ca, ext in (("server", "server-ca", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+                          ("client", "client-ca", "extendedKeyUsage=clientAuth\n")):
+        openssl(d, "req", *ec, "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr", "-subj", f"/CN={leaf}")
+        (d / f"{leaf}.ext").write_text("basicConstraints=CA:FALSE\n" + ext)
+        openssl(d, "x509", "-req", "-in", f"{leaf}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+                "-CAcreateserial", "-out", f"{leaf}.pem", "-days", "2", "-extfile", f"{leaf}.ext")
+    return d
+
+
+def test_tls_with_a_client_certificate(gc, module_server, pki):
+    server = module_server(QWEN, "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+                           "--tls-client-ca", str(pki / "client-ca.pem"))
+    assert server.scheme == "https"
+    mtls = gc.TLS(ca=pki / "server-ca.pem", cert=str(pki / "client.pem"), key=(pki / "client.key").read_bytes())
+    with gc.Client(server.grpc, tls=mtls, timeout=60) as c:
+        assert [m.id for m in c.models()] == [QWEN]
+        assert c.generate("Hi", max_tokens=3, ignore_eos=True).usage.completion_tokens == 3
+
+    async def run_async():
+        async with gc.AsyncClient(f"https://{server.grpc}", tls=mtls, timeout=60) as c:
+            return (await c.generate("Hi", max_tokens=3, ignore_eos=True)).usage.completion_tokens
+
+    assert asyncio.run(run_async()) == 3
+    # Without a client certificate, and without TLS.
+    for refused in (gc.TLS(ca=pki / "server-ca.pem"), None):
+        with gc.Client(server.grpc, tls=refused, timeout=20) as c:
+            with pytest.raises(gc.GyreError) as e:
+                c.models()
+            assert e.value.code.name == "UNAVAILABLE", e.value
+    # A certificate only verifies against the CA that signed it.
+    with gc.Client(server.grpc, tls=gc.TLS(ca=pki / "client-ca.pem", cert=pki / "client.pem",
+                                           key=pki / "client.key"), timeout=20) as c:
+        with pytest.raises(gc.GyreError) as e:
+            c.models()
+        assert e.value.code.name == "UNAVAILABLE", e.value
+    assert_no_panic(server)
 
 
 def test_async_client(gc, client, smol):
