@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -235,7 +236,12 @@ def test_models_stats_and_health(client, smol):
     assert models[0].vocab_size > 0 and models[0].chat
     before = client.stats()
     client.generate(PROMPT, max_tokens=4, ignore_eos=True)
-    after = client.stats(MODEL)
+    # Counters are as of the engine's last step, which may be published just
+    # after the finish went out: poll (a bounded wait, not a timing check).
+    deadline = time.monotonic() + 20
+    while (after := client.stats(MODEL)).generated_tokens_total < before.generated_tokens_total + 4 \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert after.model == MODEL
     assert after.kv_blocks_total > 0
     assert after.generated_tokens_total >= before.generated_tokens_total + 4
