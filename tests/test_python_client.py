@@ -173,6 +173,24 @@ def test_stream_pieces_join_to_the_generated_text(client):
     assert s.completion.finish_reason == whole.finish_reason
 
 
+def test_leaving_a_stream_early_cancels_it(gc, client):
+    with client.stream("Story:", max_tokens=4000, ignore_eos=True) as s:
+        it = iter(s)
+        first = next(it)
+    assert first.token_ids
+    with pytest.raises(gc.GyreError) as e:
+        next(it)
+    assert e.value.code.name == "CANCELLED"
+    assert s.completion is None
+    # The engine lets the generation go (a bounded wait).
+    deadline = time.monotonic() + 20
+    while (st := client.stats()).running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert st.running == 0 and st.kv_blocks_used == 0, st
+    with pytest.raises(ValueError):
+        client.generate(PROMPT, n=2)
+
+
 def test_chat_equals_the_http_chat_completion(client, smol):
     r = client.chat(MESSAGES, max_tokens=24, temperature=0)
     ref = harness.http_json(smol.http, "/v1/chat/completions",

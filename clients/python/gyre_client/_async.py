@@ -125,6 +125,13 @@ class AsyncStream:
     def cancel(self) -> None:
         self._call.cancel()
 
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.completion is None:
+            self.cancel()
+
 
 class AsyncSession:
     """Requests multiplexed on one `Generate` stream (async)."""

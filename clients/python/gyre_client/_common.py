@@ -275,6 +275,8 @@ def build_request(prompt: Prompt | None = None, *, messages: Iterable[Message] |
     (ignore_eos, priority, stop_token_ids, ...) too."""
     if (prompt is None) == (messages is None):
         raise ValueError("give exactly one of `prompt` (text or token ids) and `messages`")
+    if kwargs.get("n") not in (None, 1):
+        raise ValueError("the helpers read one choice per request: for n > 1 use the gyre.v1 stubs")
     req = pb.Request(request_id=request_id, model=model or "")
     if messages is not None:
         req.chat.CopyFrom(chat_input(messages, add_generation_prompt=add_generation_prompt,

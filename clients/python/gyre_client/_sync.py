@@ -146,6 +146,14 @@ class Stream:
         """Cancels the call, and with it the generation."""
         self._call.cancel()
 
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Leaving a `with` block before the end cancels the generation."""
+        if self.completion is None:
+            self.cancel()
+
 
 _END = object()
 
