@@ -161,15 +161,16 @@ export class GyreClient {
     const request = buildRequest(prompt, options);
     const generation = this.generation;
     const state: { completion: Completion | undefined } = { completion: undefined };
-    async function* pieces(): AsyncGenerator<Piece> {
+
+    async function* events(signal: AbortSignal): AsyncGenerator<Piece> {
       let model = "";
       let text = "";
       const tokenIds: number[] = [];
       const onHeader = (h: Headers) => {
         model = h.get("gyre-model") ?? model;
       };
-      const events = generation.generateStream(request, callOptions(options, onHeader));
-      for await (const ev of events) {
+      const call = generation.generateStream(request, { ...callOptions(options, onHeader), signal });
+      for await (const ev of call) {
         if (ev.event.case === "delta") {
           const d = ev.event.value;
           text += d.text;
@@ -195,6 +196,22 @@ export class GyreClient {
       }
       if (!state.completion) throw new ConnectError("the stream ended without a finish", Code.Internal);
     }
+
+    async function* pieces(): AsyncGenerator<Piece> {
+      // A signal of our own, aborted by the caller's and when the loop is left
+      // early: Connect does not cancel a call whose iterator is only returned.
+      const ac = new AbortController();
+      const abort = () => ac.abort(options.signal?.reason);
+      if (options.signal?.aborted) abort();
+      options.signal?.addEventListener("abort", abort);
+      try {
+        yield* events(ac.signal);
+      } finally {
+        options.signal?.removeEventListener("abort", abort);
+        if (!state.completion) ac.abort();
+      }
+    }
+
     const iterable = pieces();
     return {
       [Symbol.asyncIterator]: () => iterable,
