@@ -20,17 +20,31 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat node models clients build serve test test-rust test-e2e test-fuzz lint bench prometheus
+.PHONY: help setup venv compat node models clients clients-ts build serve test test-rust test-e2e test-fuzz lint bench prometheus
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
 	@echo "make test    # set up, build, and run every test"
 	@echo "make bench   # benchmark against transformers (prints a table, writes .gyre/bench/results.json)"
 
-setup: venv node models clients
+setup: venv node models clients clients-ts
 
 clients: $(VENV)/.installed
 	$(PY) clients/python/generate.py
+
+# The TypeScript client (clients/typescript): its npm dependencies (exact
+# versions from its package-lock.json, cached by npm under ~/.npm), then
+# `npm run build` (buf generate from proto/, tsc into dist/), redone when its
+# sources or the protos change.
+CLIENTS_TS := clients/typescript
+clients-ts: $(CLIENTS_TS)/dist/.built
+$(CLIENTS_TS)/node_modules/.installed: $(CLIENTS_TS)/package.json $(CLIENTS_TS)/package-lock.json
+	cd $(CLIENTS_TS) && npm ci --no-audit --no-fund --silent
+	@touch $@
+$(CLIENTS_TS)/dist/.built: $(CLIENTS_TS)/node_modules/.installed $(CLIENTS_TS)/buf.gen.yaml $(CLIENTS_TS)/tsconfig.json \
+		$(wildcard $(CLIENTS_TS)/src/*.ts $(CLIENTS_TS)/proto/*/*/*/*.proto proto/gyre/v1/*.proto)
+	cd $(CLIENTS_TS) && npm run --silent build
+	@touch $@
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements-dev.txt requirements-models.txt
