@@ -579,6 +579,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         constraint,
         speculation,
         predicted,
+        draft: None,
         beam,
     };
     Ok(Prepared {
