@@ -7,11 +7,15 @@ HTTP through the official SDK and over gRPC, whatever
 engine's draft counters move and each response's usage reports its own
 proposals; `max_ngram_size` picks prompt lookup instead; both parameters
 at once, or out of range, are 400s naming the param (INVALID_ARGUMENT over
-gRPC); and a draft with another vocabulary fails the start.
+gRPC); a model's generation_config.json sets the default (on a fixture
+model drafted by another fixture family); and a draft with another
+vocabulary fails the start.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +160,36 @@ def test_a_draft_with_another_vocabulary_fails_the_start():
     assert p.returncode != 0 and "listening" not in p.stdout, (p.returncode, p.stderr[-2000:])
     assert "vocabulary differs" in p.stderr, p.stderr[-2000:]
     assert "panicked" not in p.stderr
+
+
+@pytest.mark.parametrize("defaults,speculates", [({"num_assistant_tokens": 0}, False),
+                                                 ({"num_assistant_tokens": 2}, True),
+                                                 ({"assistant_confidence_threshold": 1.0}, False)])
+def test_generation_config_sets_the_default(tmp_path, defaults, speculates):
+    """A fixture model (tiny-llama) with tiny-mistral (same tokenizer) as its
+    draft: the model's generation_config.json decides whether a request that
+    says nothing speculates; a request's own value still wins."""
+    src = harness.MODELS / "tiny-llama"
+    harness.require_file(src / "config.json", "the fixture models (make models)")
+    model = tmp_path / "tiny-llama"
+    shutil.copytree(src, model, symlinks=True)
+    cfg = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**cfg, **defaults}))
+    s = harness.Server.start([str(harness.GYRE_BIN), "serve", "--model", str(model),
+                              "--draft-model", str(harness.MODELS / "tiny-mistral"),
+                              "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+    try:
+        def usage(extra):
+            body = {"token_ids": {"ids": [1, 306, 763, 278]}, "sampling": {"temperature": 0},
+                    "max_tokens": 12, "ignore_eos": True, **extra}
+            r = harness.buf_curl(s.grpc, "gyre.v1.Generation/GenerateStream", body).ok()
+            return [m["finish"]["usage"] for m in r.messages if "finish" in m][0]
+        assert ("speculativeProposedTokens" in usage({})) == speculates, defaults
+        assert "speculativeProposedTokens" in usage({"num_assistant_tokens": 3})
+        if defaults.get("num_assistant_tokens") == 2:
+            # At most 2 proposals a step: 12 tokens take at least 4 steps.
+            assert int(usage({})["speculativeProposedTokens"]) <= 2 * 11
+    finally:
+        s.stop()
+    assert_no_panic(s)
+    s.remove_log()
