@@ -193,3 +193,18 @@ def test_generation_config_sets_the_default(tmp_path, defaults, speculates):
         s.stop()
     assert_no_panic(s)
     s.remove_log()
+
+
+def test_beam_search_does_not_use_the_draft(server, sdk):
+    before = stats(server)
+    r = sdk.completions.create(model="", prompt="The lighthouse keeper", best_of=2, n=1,
+                               max_tokens=8, temperature=0)
+    assert r.choices[0].text
+    after = stats(server)
+    assert after["draft_proposed_tokens_total"] == before["draft_proposed_tokens_total"]
+    # Asking for both is refused, naming the parameter.
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.completions.create(model="", prompt="The lighthouse keeper", best_of=2, n=1,
+                               max_tokens=8, temperature=0,
+                               extra_body={"num_assistant_tokens": 3})
+    assert e.value.body["param"] == "num_assistant_tokens", e.value.body

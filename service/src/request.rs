@@ -640,6 +640,10 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         (c, _) => c,
     };
     let (speculation, draft) = speculation(&model, req)?;
+    // Beam search does not speculate: the model's draft applies only when
+    // the request asks for it (and the engine then refuses the mix).
+    let asked = req.num_assistant_tokens.is_some() || req.assistant_confidence_threshold.is_some();
+    let draft = draft.filter(|_| beam.is_none() || asked);
     let predicted = predicted(&model, req, speculation)?;
     let engine_req = GenerateRequest {
         prompt,
