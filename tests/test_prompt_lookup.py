@@ -209,6 +209,8 @@ def test_a_prediction_over_grpc(server):
     ({"max_ngram_size": 0}, "max_ngram_size"),
     ({"max_ngram_size": 17}, "max_ngram_size"),
     ({"num_assistant_tokens": -1}, "num_assistant_tokens"),
+    # Only for a model with a draft model.
+    ({"assistant_confidence_threshold": 0.5}, "assistant_confidence_threshold"),
 ])
 def test_out_of_range_is_a_400_naming_the_param(sdk, extra, param):
     with pytest.raises(openai.BadRequestError) as e:

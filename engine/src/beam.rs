@@ -261,6 +261,11 @@ pub(crate) fn validate(
             "prompt-lookup decoding",
         ),
         (
+            req.draft.is_some(),
+            "num_assistant_tokens",
+            "speculative decoding with a draft model",
+        ),
+        (
             req.constraint.is_some(),
             "structured",
             "structured outputs or forced tool calls",

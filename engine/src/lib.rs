@@ -19,6 +19,7 @@ mod beam;
 mod blocks;
 mod config;
 mod constraint;
+mod draft;
 pub mod encoder;
 mod fair;
 mod flash;
@@ -44,6 +45,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use beam::{BeamSearch, EarlyStopping, MAX_BEAM_WIDTH};
 pub use constraint::Constraint;
+pub use draft::{DRAFT_THRESHOLD_MAX_TOKENS, DraftSpeculation};
 pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
 pub use sampler::{Sampler, Sampling, argmax};
@@ -84,6 +86,13 @@ pub enum EngineError {
     /// field at fault (gyre.v1 names).
     #[error("{message}")]
     InvalidBeam {
+        field: &'static str,
+        message: String,
+    },
+    /// Speculation the engine cannot run; `field` names the request field
+    /// at fault (gyre.v1 names).
+    #[error("{message}")]
+    InvalidSpeculation {
         field: &'static str,
         message: String,
     },
@@ -147,6 +156,15 @@ pub struct EngineOptions {
     /// says `0` (never) or `1` (always, the CPU's tensors too: for tests);
     /// Some(on) overrides both.
     pub device_sampling: Option<bool>,
+    /// A draft model (a HuggingFace directory or GGUF file with the
+    /// target's vocabulary) for speculative decoding (see `draft`), loaded
+    /// beside the target on the same device; requests use it with
+    /// `GenerateRequest::draft`.
+    pub draft_model_dir: Option<PathBuf>,
+    /// KV blocks of the draft's own pool (of `block_size` tokens). None:
+    /// as many as the target's pool has (the same token capacity; a draft
+    /// with fewer layers takes fewer bytes).
+    pub draft_num_blocks: Option<usize>,
 }
 
 impl EngineOptions {
@@ -163,6 +181,8 @@ impl EngineOptions {
             compute_threads: None,
             load_progress: None,
             device_sampling: None,
+            draft_model_dir: None,
+            draft_num_blocks: None,
         }
     }
 }
@@ -187,6 +207,16 @@ pub struct EngineStats {
     /// Of which the model agreed with (and so generated without a step of
     /// their own).
     pub spec_accepted_tokens_total: u64,
+    /// Of the speculation counts above, those proposed by the draft model
+    /// (the rest came from prompt lookup).
+    pub draft_proposed_tokens_total: u64,
+    pub draft_accepted_tokens_total: u64,
+    /// Forward passes the draft model ran (each proposes one token for
+    /// every sequence in it).
+    pub draft_forwards_total: u64,
+    /// The draft model's KV pool (0 without a draft model).
+    pub draft_kv_blocks_total: u32,
+    pub draft_kv_blocks_used: u32,
 }
 
 /// Facts about the loaded model that callers need.
@@ -204,6 +234,8 @@ pub struct ModelInfo {
     pub device: String,
     /// e.g. "Float" or "BFloat16".
     pub dtype: String,
+    /// The draft model, when one is loaded: its architecture and layers.
+    pub draft_model: Option<String>,
 }
 
 /// One generation request, in token ids.
@@ -248,6 +280,9 @@ pub struct GenerateRequest {
     /// A predicted output's tokens, searched for proposals before the
     /// sequence itself (with `speculation` only).
     pub predicted: std::sync::Arc<[u32]>,
+    /// Speculative decoding with the engine's draft model (see `draft`);
+    /// not with `speculation` (prompt lookup) at once. None: no draft.
+    pub draft: Option<DraftSpeculation>,
     /// Beam search (see `beam`): `n` (of `submit_n`) is how many of the
     /// best hypotheses come back, at most the width. Deterministic: the
     /// sampling parameters do not apply. None: sampling.
@@ -275,6 +310,7 @@ impl GenerateRequest {
             constraint: None,
             speculation: None,
             predicted: std::sync::Arc::from([]),
+            draft: None,
             beam: None,
         }
     }
@@ -516,6 +552,9 @@ impl Engine {
                 max: self.info.max_model_len,
             });
         }
+        if let Some(d) = &req.draft {
+            self.validate_draft(req, d)?;
+        }
         if let Some(b) = &req.beam {
             let block = self.stats.borrow().block_size;
             return beam::validate(req, b, n, &self.info, block, self.max_running);
@@ -526,6 +565,45 @@ impl Engine {
                 requested: req.max_tokens,
                 capacity: self.info.kv_capacity_tokens,
             });
+        }
+        Ok(())
+    }
+
+    fn validate_draft(
+        &self,
+        req: &GenerateRequest,
+        d: &DraftSpeculation,
+    ) -> Result<(), EngineError> {
+        let invalid =
+            |field, message: String| Err(EngineError::InvalidSpeculation { field, message });
+        if self.info.draft_model.is_none() {
+            return invalid(
+                "num_assistant_tokens",
+                "this model has no draft model to speculate with".into(),
+            );
+        }
+        if req.speculation.is_some() {
+            return invalid(
+                "num_assistant_tokens",
+                "a request speculates with prompt lookup or with the draft model, not both".into(),
+            );
+        }
+        if d.num_tokens > MAX_SPECULATIVE_TOKENS {
+            return invalid(
+                "num_assistant_tokens",
+                format!(
+                    "num_assistant_tokens must be at most {MAX_SPECULATIVE_TOKENS}, got {}",
+                    d.num_tokens
+                ),
+            );
+        }
+        if let Some(t) = d.confidence_threshold
+            && !(0.0..=1.0).contains(&t)
+        {
+            return invalid(
+                "assistant_confidence_threshold",
+                format!("assistant_confidence_threshold must be between 0 and 1, got {t}"),
+            );
         }
         Ok(())
     }

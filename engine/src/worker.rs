@@ -78,7 +78,7 @@ pub(crate) fn spawn(
     ready_rx.recv().map_err(|_| EngineError::Stopped)?
 }
 
-fn info(model: &dyn Model, kv_tokens: u32) -> ModelInfo {
+fn info(model: &dyn Model, kv_tokens: u32, draft: Option<String>) -> ModelInfo {
     let c = model.config();
     let d = Sampling::default();
     ModelInfo {
@@ -101,6 +101,7 @@ fn info(model: &dyn Model, kv_tokens: u32) -> ModelInfo {
             _ => "cpu".into(),
         },
         dtype: format!("{:?}", model.kind()),
+        draft_model: draft,
     }
 }
 
@@ -123,6 +124,8 @@ struct Worker {
     admission: Arc<Admission>,
     /// Sampling on the device: None, when the logits are on CUDA.
     device_sampling: Option<bool>,
+    /// The draft model for speculative decoding, when loaded.
+    draft: Option<crate::draft::Draft>,
 }
 
 impl Worker {
@@ -163,10 +166,25 @@ impl Worker {
             mib = num_blocks * per_block / (1 << 20),
             "KV cache allocated"
         );
-        let info = info(model.as_ref(), (num_blocks * bs) as u32);
+        let draft = match &opts.draft_model_dir {
+            Some(path) => Some(crate::draft::Draft::load(
+                path,
+                &opts.model_dir,
+                model.as_ref(),
+                opts.draft_num_blocks.unwrap_or(num_blocks as usize),
+                opts.block_size,
+            )?),
+            None => None,
+        };
+        let info = info(
+            model.as_ref(),
+            (num_blocks * bs) as u32,
+            draft.as_ref().map(|d| d.describe()),
+        );
         let stats = EngineStats {
             block_size: bs as u32,
             kv_blocks_total: num_blocks as u32,
+            draft_kv_blocks_total: draft.as_ref().map_or(0, |d| d.blocks_total()),
             ..EngineStats::default()
         };
         let (stats_tx, stats_rx) = watch::channel(stats.clone());
@@ -194,6 +212,7 @@ impl Worker {
             device_sampling: opts
                 .device_sampling
                 .or_else(crate::sampler_device::from_env),
+            draft,
         };
         Ok((
             worker,
@@ -218,7 +237,14 @@ impl Worker {
             }
             self.reap_cancelled();
             self.switch_kv_regimes();
-            self.propose_drafts();
+            if let Err(e) = self.propose_drafts() {
+                // The draft failed: its sequences decode without it.
+                tracing::error!(error = %e, "draft model step failed; decoding without it");
+                for s in &mut self.running {
+                    s.strip_drafts();
+                }
+                self.draft = None;
+            }
             let mut plan = self.sched.schedule(&mut self.running, &mut self.waiting);
             if self.preempt_groups(&mut plan) && plan.runs.is_empty() {
                 continue;
@@ -345,16 +371,20 @@ impl Worker {
     }
 
     /// Gives each decoding sequence that speculates the tokens prompt
-    /// lookup proposes for it, at the end of its tokens (`drafts`), to be
-    /// computed in the coming step beside its last token.
-    fn propose_drafts(&mut self) {
+    /// lookup or the draft model proposes for it, at the end of its tokens
+    /// (`drafts`), to be computed in the coming step beside its last token.
+    fn propose_drafts(&mut self) -> Result<(), EngineError> {
         let max_len = self.model.config().max_position_embeddings as usize;
-        for s in &mut self.running {
+        // (index in running, tokens to propose) of the draft's sequences.
+        let mut by_draft = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
             let Some(g) = self.gens.get(&s.id) else {
                 continue;
             };
-            let Some(spec) = g.req.speculation else {
-                continue;
+            let num_tokens = match (g.req.speculation, g.req.draft) {
+                (Some(spec), _) => spec.num_tokens,
+                (None, Some(d)) => d.num_tokens,
+                (None, None) => continue,
             };
             let decoding = s.drafts == 0 && s.computed + 1 == s.tokens.len();
             if !decoding || g.generated == 0 || !g.forks.is_empty() {
@@ -364,11 +394,17 @@ impl Worker {
             // sequence at max_tokens, or once it would reach max_len.
             let left = (g.req.max_tokens.saturating_sub(g.generated + 1) as usize)
                 .min(max_len.saturating_sub(s.tokens.len() + 1));
-            let mut k = (spec.num_tokens as usize).min(left);
+            let mut k = (num_tokens as usize).min(left);
             // Never across a KV-regime boundary (longrope).
             while k > 0 && self.model.kv_regime(s.tokens.len() + k) != s.kv_regime {
                 k -= 1;
             }
+            let Some(spec) = g.req.speculation else {
+                if k > 0 {
+                    by_draft.push((i, k));
+                }
+                continue;
+            };
             let drafts = crate::speculate::lookup_predicted(
                 &g.req.predicted,
                 &s.tokens,
@@ -378,6 +414,41 @@ impl Worker {
             s.drafts = drafts.len();
             s.tokens.extend(drafts);
         }
+        let Some(draft) = self.draft.as_mut() else {
+            return Ok(());
+        };
+        // The draft's blocks of sequences not proposing now are freed.
+        let proposing: std::collections::HashSet<u64> =
+            by_draft.iter().map(|&(i, _)| self.running[i].id).collect();
+        draft.retain(|id| proposing.contains(&id));
+        if by_draft.is_empty() {
+            return Ok(());
+        }
+        let wants: Vec<crate::draft::Want<'_>> = by_draft
+            .iter()
+            .map(|&(i, k)| {
+                let s = &self.running[i];
+                let d = self.gens[&s.id]
+                    .req
+                    .draft
+                    .expect("speculates with the draft");
+                crate::draft::Want {
+                    id: s.id,
+                    tokens: &s.tokens,
+                    k,
+                    threshold: d.confidence_threshold,
+                    bias: &self.gens[&s.id].req.sampling.logit_bias,
+                }
+            })
+            .collect();
+        let proposals = draft.propose(&wants)?;
+        drop(wants);
+        for ((i, _), p) in by_draft.into_iter().zip(proposals) {
+            let s = &mut self.running[i];
+            s.drafts = p.len();
+            s.tokens.extend(p);
+        }
+        Ok(())
     }
 
     /// Keeps the speculative tokens that the plan computes: all of them
@@ -597,7 +668,17 @@ impl Worker {
                 continue;
             };
             if drafts > 0 {
-                match verify(g, s, rows, vocab, max_len, &mut self.stats) {
+                let before = (
+                    self.stats.spec_proposed_tokens_total,
+                    self.stats.spec_accepted_tokens_total,
+                );
+                let verified = verify(g, s, rows, vocab, max_len, &mut self.stats);
+                if g.req.draft.is_some() && g.req.speculation.is_none() {
+                    let st = &mut self.stats;
+                    st.draft_proposed_tokens_total += st.spec_proposed_tokens_total - before.0;
+                    st.draft_accepted_tokens_total += st.spec_accepted_tokens_total - before.1;
+                }
+                match verified {
                     Ok(Some(reason)) => finished.push((id, reason)),
                     Ok(None) => {
                         self.sched.trim_blocks(s);
@@ -820,6 +901,15 @@ impl Worker {
         st.prefix_query_tokens_total = self.sched.stats.prefix_query_tokens;
         st.prefix_hit_tokens_total = self.sched.stats.prefix_hit_tokens;
         st.preemptions_total = self.sched.stats.preemptions;
+        if let Some(d) = self.draft.as_mut() {
+            // Sequences that ended or were preempted give their draft
+            // blocks back.
+            let running: std::collections::HashSet<u64> =
+                self.running.iter().map(|s| s.id).collect();
+            d.retain(|id| running.contains(&id));
+            st.draft_kv_blocks_used = d.blocks_used();
+            st.draft_forwards_total = d.forwards;
+        }
         st.last_step_tokens = step_tokens as u32;
         if step_tokens > 0 {
             st.steps_total += 1;

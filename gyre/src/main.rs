@@ -173,6 +173,16 @@ struct ModelArgs {
     #[arg(long, env = "GYRE_PROMPT_LOOKUP_TOKENS", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=64))]
     prompt_lookup_tokens: u32,
+    /// Speculative decoding with a draft model: a smaller model with the
+    /// same tokenizer (a GGUF file or HuggingFace directory), loaded beside
+    /// the model with a KV cache of its own; its greedy proposals are
+    /// verified by the model so the output is unchanged. Requests then use
+    /// it by default (`num_assistant_tokens` / `assistant_confidence_threshold`;
+    /// 5 tokens unless generation_config.json says). A draft whose vocabulary
+    /// differs is refused at load. Only with a single model (else give each
+    /// its own `draft=`).
+    #[arg(long, env = "GYRE_DRAFT_MODEL")]
+    draft_model: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -444,6 +454,17 @@ fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
         if args.revision.is_some() {
             only.revision.clone_from(&args.revision);
         }
+    }
+    if let Some(draft) = &args.draft_model {
+        let [only] = specs.as_mut_slice() else {
+            anyhow::bail!(
+                "--draft-model applies to a single model; with several, give each its own `draft=`"
+            );
+        };
+        if only.draft.is_some() {
+            anyhow::bail!("--draft-model and the model's `draft=` both name a draft");
+        }
+        only.draft = Some(draft.clone());
     }
     Ok(specs)
 }

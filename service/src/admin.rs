@@ -154,6 +154,8 @@ fn spec_of(req: LoadModelRequest) -> Result<ModelSpec, ServiceError> {
         version: req.version,
         owned_by: req.owned_by,
         kv_cache_mib: req.kv_cache_mib,
+        // Not loadable through the admin API yet.
+        draft: None,
     })
 }
 

@@ -187,6 +187,12 @@ impl ServiceError {
                     Some("max_tokens".into()),
                     e.to_string(),
                 ),
+                E::InvalidSpeculation { field, .. } => (
+                    Code::InvalidArgument,
+                    "INVALID_SPECULATION",
+                    Some((*field).into()),
+                    e.to_string(),
+                ),
                 E::InvalidBeam { field, .. } => (
                     Code::InvalidArgument,
                     "INVALID_BEAM_SEARCH",

@@ -426,6 +426,11 @@ impl Generation for GenerationService {
             generated_tokens_total: s.generated_tokens_total,
             speculative_proposed_tokens_total: s.spec_proposed_tokens_total,
             speculative_accepted_tokens_total: s.spec_accepted_tokens_total,
+            draft_proposed_tokens_total: s.draft_proposed_tokens_total,
+            draft_accepted_tokens_total: s.draft_accepted_tokens_total,
+            draft_forwards_total: s.draft_forwards_total,
+            draft_kv_blocks_total: s.draft_kv_blocks_total,
+            draft_kv_blocks_used: s.draft_kv_blocks_used,
         }))
     }
 

@@ -191,8 +191,87 @@ pub const DEFAULT_LOOKUP_TOKENS: u32 = 10;
 /// `max_matching_ngram_size` default).
 pub const DEFAULT_MAX_NGRAM: u32 = 2;
 
+/// Tokens the draft model proposes per step when neither the request nor
+/// the model's generation_config.json says (OpenVINO's default).
+pub const DEFAULT_DRAFT_TOKENS: u32 = 5;
+
+/// A request's speculation: prompt lookup or the draft model (see
+/// `speculation`), never both.
+type Speculate = (
+    Option<gyre_engine::Speculation>,
+    Option<gyre_engine::DraftSpeculation>,
+);
+
+/// How a request speculates. On a model with a draft model: with the
+/// draft, unless it sends `max_ngram_size` or a prediction (prompt lookup);
+/// its `num_assistant_tokens` or `assistant_confidence_threshold` (not
+/// both), else the model's generation_config.json, else 5 tokens. On a
+/// model without one: prompt lookup, as `lookup` says.
+fn speculation(model: &ModelRuntime, req: &v1::Request) -> Result<Speculate, ServiceError> {
+    let lookup_asked =
+        req.max_ngram_size.is_some() || req.prediction.as_deref().is_some_and(|p| !p.is_empty());
+    if let Some(t) = req.assistant_confidence_threshold {
+        let field = "assistant_confidence_threshold";
+        if req.num_assistant_tokens.is_some() {
+            return Err(ServiceError::invalid(
+                field,
+                "MUTUALLY_EXCLUSIVE",
+                "num_assistant_tokens and assistant_confidence_threshold are mutually exclusive",
+            ));
+        }
+        if !(0.0..=1.0).contains(&t) {
+            return Err(ServiceError::invalid(
+                field,
+                "OUT_OF_RANGE",
+                format!("assistant_confidence_threshold must be between 0 and 1, got {t}"),
+            ));
+        }
+        if model.draft.is_none() {
+            return Err(ServiceError::invalid(
+                field,
+                "NO_DRAFT_MODEL",
+                "assistant_confidence_threshold needs a model served with a draft model (--draft-model)",
+            ));
+        }
+        if lookup_asked {
+            return Err(ServiceError::invalid(
+                field,
+                "NO_DRAFT_MODEL",
+                "assistant_confidence_threshold applies to the draft model; this request uses prompt lookup (max_ngram_size or prediction)",
+            ));
+        }
+    }
+    let Some(defaults) = model.draft.filter(|_| !lookup_asked) else {
+        return Ok((lookup(model, req)?, None));
+    };
+    let max = gyre_engine::MAX_SPECULATIVE_TOKENS;
+    if let Some(k) = req.num_assistant_tokens.filter(|&k| k > max) {
+        return Err(ServiceError::invalid(
+            "num_assistant_tokens",
+            "OUT_OF_RANGE",
+            format!("num_assistant_tokens must be between 0 and {max}, got {k}"),
+        ));
+    }
+    let cap = gyre_engine::DRAFT_THRESHOLD_MAX_TOKENS;
+    let (num_tokens, confidence_threshold) =
+        match (req.num_assistant_tokens, req.assistant_confidence_threshold) {
+            (Some(k), _) => (k, None),
+            (None, Some(t)) => (cap, Some(t)),
+            (None, None) => match (defaults.num_tokens, defaults.confidence_threshold) {
+                (Some(k), t) => (k, t),
+                (None, Some(t)) => (cap, Some(t)),
+                (None, None) => (DEFAULT_DRAFT_TOKENS, None),
+            },
+        };
+    let draft = (num_tokens > 0).then_some(gyre_engine::DraftSpeculation {
+        num_tokens,
+        confidence_threshold,
+    });
+    Ok((None, draft))
+}
+
 /// A request's prompt-lookup settings: its own, else the model's default.
-fn speculation(
+fn lookup(
     model: &ModelRuntime,
     req: &v1::Request,
 ) -> Result<Option<gyre_engine::Speculation>, ServiceError> {
@@ -560,7 +639,11 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         }
         (c, _) => c,
     };
-    let speculation = speculation(&model, req)?;
+    let (speculation, draft) = speculation(&model, req)?;
+    // Beam search does not speculate: the model's draft applies only when
+    // the request asks for it (and the engine then refuses the mix).
+    let asked = req.num_assistant_tokens.is_some() || req.assistant_confidence_threshold.is_some();
+    let draft = draft.filter(|_| beam.is_none() || asked);
     let predicted = predicted(&model, req, speculation)?;
     let engine_req = GenerateRequest {
         prompt,
@@ -579,6 +662,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         constraint,
         speculation,
         predicted,
+        draft,
         beam,
     };
     Ok(Prepared {

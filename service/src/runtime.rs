@@ -34,6 +34,39 @@ pub struct ModelRuntime {
     pub reasoning: Option<ReasoningParser>,
     /// Tokens prompt lookup proposes per step by default (0: off).
     pub prompt_lookup_tokens: u32,
+    /// The draft model's defaults, when the model has one.
+    pub draft: Option<DraftDefaults>,
+}
+
+/// Speculation defaults for a model served with a draft model: its
+/// `generation_config.json`'s `num_assistant_tokens` and
+/// `assistant_confidence_threshold` (a GGUF has neither).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DraftDefaults {
+    pub num_tokens: Option<u32>,
+    pub confidence_threshold: Option<f32>,
+}
+
+impl DraftDefaults {
+    /// Reads them from the model directory `dir` (none for a file).
+    pub fn read(dir: &Path) -> Self {
+        let Some(cfg) = std::fs::read_to_string(dir.join("generation_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        else {
+            return Self::default();
+        };
+        Self {
+            num_tokens: cfg
+                .get("num_assistant_tokens")
+                .and_then(Value::as_u64)
+                .map(|k| k.min(gyre_engine::MAX_SPECULATIVE_TOKENS as u64) as u32),
+            confidence_threshold: cfg
+                .get("assistant_confidence_threshold")
+                .and_then(Value::as_f64)
+                .map(|t| t.clamp(0.0, 1.0) as f32),
+        }
+    }
 }
 
 /// The text of the special tokens that templates refer to.
@@ -194,6 +227,7 @@ impl ModelRuntime {
         let started = std::time::Instant::now();
         let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
         let info = engine.info();
+        let draft = info.draft_model.is_some();
         let grammars = match crate::structured::Grammars::load(&tokenizer_json, info) {
             Ok(g) => Some(g),
             Err(e) => {
@@ -242,6 +276,7 @@ impl ModelRuntime {
             reasoning_choice: text.reasoning_parser,
             reasoning,
             prompt_lookup_tokens: text.prompt_lookup_tokens,
+            draft: draft.then(|| DraftDefaults::read(dir)),
         })
     }
 

@@ -135,6 +135,7 @@ mod tests {
             default_sampling: Default::default(),
             device: "cpu".into(),
             dtype: "Float".into(),
+            draft_model: None,
         };
         for bad in ["<0x1234>", "<0xZZ>", "<0x4"] {
             let tj = byte_fallback_tokenizer(bad).to_string();

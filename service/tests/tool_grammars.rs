@@ -29,6 +29,7 @@ fn forcing_grammars_compile_for_every_format() {
         default_sampling: Sampling::default(),
         device: "cpu".into(),
         dtype: "Float".into(),
+        draft_model: None,
     };
     let grammars = Grammars::load(
         &std::fs::read_to_string(model_dir("tiny-qwen2").join("tokenizer.json"))

@@ -476,6 +476,7 @@ fn common_to_proto(
         structured,
         num_assistant_tokens: common.num_assistant_tokens,
         max_ngram_size: common.max_ngram_size,
+        assistant_confidence_threshold: common.assistant_confidence_threshold,
         // Chat only: set by the chat conversion.
         prediction: None,
         beam: None,

@@ -33,8 +33,9 @@ pub struct Cli {
 pub enum Command {
     /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
     /// transformers, and E1 (embeddings) against sentence-transformers on an
-    /// embedding model, and P1 (prompt lookup) on a real chat model (G1, G2
-    /// when --only names them); print a table and write JSON.
+    /// embedding model, and P1 (prompt lookup) and D1 (a draft model) on a
+    /// real chat model (G1, G2 when --only names them); print a table and
+    /// write JSON.
     Run(Box<RunArgs>),
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
@@ -192,6 +193,17 @@ pub struct RunArgs {
     /// Extra argument for P1's `gyre serve` (repeatable).
     #[arg(long = "lookup-server-arg", allow_hyphen_values = true)]
     pub lookup_server_args: Vec<String>,
+    /// D1's draft model for P1's model (`make models` writes SmolLM2's
+    /// first 6 layers there).
+    #[arg(
+        long,
+        env = "GYRE_BENCH_DRAFT_MODEL",
+        default_value = ".gyre/models/smollm2-135m-draft6.gguf"
+    )]
+    pub draft_model: PathBuf,
+    /// D1's tokens proposed per step (`num_assistant_tokens`).
+    #[arg(long, default_value_t = 5)]
+    pub draft_tokens: u32,
 }
 
 #[derive(Debug, Args)]

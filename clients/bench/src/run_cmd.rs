@@ -66,6 +66,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         rounds: if args.quick { 1 } else { 3 },
         num_tokens: args.lookup_tokens,
         server_args: &args.lookup_server_args,
+        draft: std::path::absolute(&args.draft_model)?,
+        draft_tokens: args.draft_tokens,
     };
     let lookup_results = tokio::select! {
         results = scenarios::run_lookup(&lookup_ctx, &args.only) => results,
@@ -115,6 +117,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         })),
         "embedding_model": scenarios::selected(&args.only, "E1").then_some(&embed_ctx.model),
         "lookup_model": scenarios::selected(&args.only, "P1").then_some(&lookup_ctx.model),
+        "draft_model": scenarios::selected(&args.only, "D1").then_some(&lookup_ctx.draft),
         "threads": threads,
         "device": args.device,
         "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),

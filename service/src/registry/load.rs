@@ -162,6 +162,7 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     opts.token_budget = d.max_batch_tokens;
     opts.queue_capacity = d.max_queue;
     opts.compute_threads = d.compute_threads;
+    opts.draft_model_dir = p.spec.draft.as_ref().map(std::path::PathBuf::from);
     let mut text = d.text.clone();
     if let Some(k) = p.spec.prompt_lookup {
         text.prompt_lookup_tokens = k;

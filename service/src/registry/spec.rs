@@ -28,6 +28,9 @@ pub struct ModelSpec {
     /// Prompt-lookup tokens proposed per step by default for this model
     /// (0: off; default: the server's `--prompt-lookup-tokens`).
     pub prompt_lookup: Option<u32>,
+    /// A draft model for speculative decoding (a GGUF file or HuggingFace
+    /// directory with this model's vocabulary).
+    pub draft: Option<String>,
 }
 
 /// A `--model` argument or config entry that cannot be used.
@@ -36,11 +39,11 @@ pub enum SpecError {
     #[error("--model `{0}`: the source (before the first comma) is empty")]
     EmptySource(String),
     #[error(
-        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup)"
+        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft)"
     )]
     NotKeyValue { arg: String, item: String },
     #[error(
-        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup)"
+        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft)"
     )]
     UnknownKey { arg: String, key: String },
     #[error("--model `{arg}`: `{key}` is given twice")]
@@ -61,7 +64,7 @@ pub enum SpecError {
     Config { path: String, message: String },
 }
 
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "name",
     "alias",
     "version",
@@ -71,6 +74,7 @@ const KEYS: [&str; 9] = [
     "owned_by",
     "kv_cache_mib",
     "prompt_lookup",
+    "draft",
 ];
 
 impl ModelSpec {
@@ -84,7 +88,7 @@ impl ModelSpec {
 
     /// Parses `path[,name=N][,alias=A]...[,version=V][,revision=R]
     /// [,deprecated=DATE][,sunset=DATE][,owned_by=O][,kv_cache_mib=M]
-    /// [,prompt_lookup=K]`.
+    /// [,prompt_lookup=K][,draft=PATH]`.
     /// The source is everything before the first comma.
     pub fn parse(arg: &str) -> Result<Self, SpecError> {
         let mut parts = arg.split(',');
@@ -151,6 +155,10 @@ impl ModelSpec {
                     once(spec.sunset.is_some())?;
                     spec.sunset = Some(parse_date(value, &what())?);
                 }
+                "draft" => {
+                    once(spec.draft.is_some())?;
+                    spec.draft = Some(value.into());
+                }
                 "prompt_lookup" => {
                     once(spec.prompt_lookup.is_some())?;
                     spec.prompt_lookup = Some(lookup_tokens(value, &format!("--model `{arg}`"))?);
@@ -190,6 +198,7 @@ struct ConfigModel {
     owned_by: Option<String>,
     kv_cache_mib: Option<u64>,
     prompt_lookup: Option<u32>,
+    draft: Option<String>,
 }
 
 /// Prompt-lookup tokens per step, checked against the engine's maximum.
@@ -229,6 +238,7 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
             nonempty("source", &Some(m.source.clone()))?;
             nonempty("name", &m.name)?;
             nonempty("version", &m.version)?;
+            nonempty("draft", &m.draft)?;
             if m.aliases.iter().any(|a| a.trim().is_empty()) {
                 return Err(SpecError::Empty {
                     what: format!("config file {path}: models[{i}]"),
@@ -258,6 +268,7 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
                 owned_by: m.owned_by,
                 kv_cache_mib: m.kv_cache_mib,
                 prompt_lookup,
+                draft: m.draft,
             })
         })
         .collect()

@@ -13,7 +13,7 @@ fn a_plain_path_is_only_a_source() {
 #[test]
 fn every_key_of_a_model_argument_is_read() {
     let spec = ModelSpec::parse(
-        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64,prompt_lookup=8",
+        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64,prompt_lookup=8,draft=m/d.gguf",
     )
     .expect("ok");
     assert_eq!(
@@ -29,6 +29,7 @@ fn every_key_of_a_model_argument_is_read() {
             owned_by: Some("acme".into()),
             kv_cache_mib: Some(64),
             prompt_lookup: Some(8),
+            draft: Some("m/d.gguf".into()),
         }
     );
 }
@@ -73,6 +74,7 @@ fn a_config_file_lists_models_in_order() {
         deprecated = "2026-12-31"
         kv_cache_mib = 32
         prompt_lookup = 12
+        draft = "a-draft.gguf"
 
         [[models]]
         source = "org/name"
@@ -89,6 +91,8 @@ fn a_config_file_lists_models_in_order() {
     assert_eq!(specs[0].kv_cache_mib, Some(32));
     assert_eq!(specs[0].prompt_lookup, Some(12));
     assert_eq!(specs[1].prompt_lookup, None);
+    assert_eq!(specs[0].draft.as_deref(), Some("a-draft.gguf"));
+    assert_eq!(specs[1].draft, None);
     assert_eq!(specs[0].sunset, None);
     assert_eq!(specs[1].source, "org/name");
     assert_eq!(specs[1].revision.as_deref(), Some("main"));

@@ -66,13 +66,18 @@ pub struct CommonParams {
     pub priority: Option<i32>,
     /// Extension (vLLM): prefix-cache salt isolating this request's cache.
     pub cache_salt: Option<String>,
-    /// Extension (OpenVINO Model Server): prompt-lookup decoding, tokens
-    /// proposed per step (0 turns it off).
+    /// Extension (OpenVINO Model Server): speculative decoding (prompt
+    /// lookup, or the draft model when the model has one), tokens proposed
+    /// per step (0 turns it off).
     #[serde(default, deserialize_with = "int::opt")]
     pub num_assistant_tokens: Option<u32>,
     /// Extension (OpenVINO Model Server): longest n-gram prompt lookup matches.
     #[serde(default, deserialize_with = "int::opt")]
     pub max_ngram_size: Option<u32>,
+    /// Extension (OpenVINO Model Server): with a draft model, the draft
+    /// proposes while its confidence is at least this (instead of
+    /// `num_assistant_tokens`).
+    pub assistant_confidence_threshold: Option<f32>,
     /// Extension (NVIDIA Dynamo): the `nvext` object.
     pub nvext: Option<NvExt>,
     /// Extension (vLLM): constrained decoding, `{"json" | "regex" |

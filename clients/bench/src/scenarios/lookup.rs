@@ -12,6 +12,13 @@
 //! The figure is the median of the rounds' ratios (lookup / plain), beside
 //! the medians of each side, the share of proposals the model accepted and
 //! the tokens each engine step produced.
+//!
+//! D1: the same rounds with a draft model instead (`gyre serve
+//! --draft-model`, by default SmolLM2's first 6 of 30 layers, made by
+//! `tests/fixtures/make_draft.py`): plain requests against requests that
+//! speculate with the draft, on one server. No target: the figure is
+//! reported as measured (a layer-truncated draft agrees with the model
+//! rarely, so it is expected to be slower than plain decoding).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -39,6 +46,10 @@ pub struct LookupCtx<'a> {
     /// Tokens proposed per step.
     pub num_tokens: u32,
     pub server_args: &'a [String],
+    /// D1's draft model (a GGUF file or model directory).
+    pub draft: PathBuf,
+    /// D1's tokens proposed per step.
+    pub draft_tokens: u32,
 }
 
 /// The edit-style tasks: a paragraph and the one change asked for.
@@ -133,18 +144,46 @@ async fn one(client: &mut GenerationClient<Channel>, req: v1::Request) -> anyhow
 }
 
 pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
+    compare(ctx, "P1", ctx.num_tokens, ctx.server_args.to_vec()).await
+}
+
+pub async fn d1(ctx: &LookupCtx<'_>) -> Outcome {
+    anyhow::ensure!(
+        ctx.draft.exists(),
+        "{} is missing (run `make models`, or pass --draft-model)",
+        ctx.draft.display()
+    );
+    let mut args = ctx.server_args.to_vec();
+    args.push("--draft-model".into());
+    args.push(ctx.draft.display().to_string());
+    compare(ctx, "D1", ctx.draft_tokens, args).await
+}
+
+/// Speculative (`num_tokens` per step) against plain requests on a server
+/// started with `server_args`: P1 (prompt lookup) or D1 (draft model).
+async fn compare(
+    ctx: &LookupCtx<'_>,
+    id: &str,
+    num_tokens: u32,
+    server_args: Vec<String>,
+) -> Outcome {
     anyhow::ensure!(
         ctx.model.exists(),
         "{} is missing (run `make models`, or pass --lookup-model)",
         ctx.model.display()
     );
+    let draft = id == "D1";
     let server = Server::start(ServerOptions {
         bin: ctx.bin,
         model: &ctx.model,
         device: ctx.device,
         threads: ctx.threads,
-        log: ctx.scratch.join("gyre-lookup.log"),
-        extra_args: ctx.server_args,
+        log: ctx.scratch.join(if draft {
+            "gyre-draft.log"
+        } else {
+            "gyre-lookup.log"
+        }),
+        extra_args: &server_args,
     })
     .await?;
     let mut client = GenerationClient::connect(server.grpc_url.clone()).await?;
@@ -152,7 +191,7 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
     // Warm-up: first-use costs on both paths.
     let (p, f, t) = TASKS[0];
     one(&mut client, request(p, f, t, 0, 8)).await?;
-    one(&mut client, request(p, f, t, ctx.num_tokens, 8)).await?;
+    one(&mut client, request(p, f, t, num_tokens, 8)).await?;
 
     let (mut ratios, mut plain_rates, mut lookup_rates) = (Vec::new(), Vec::new(), Vec::new());
     let (mut proposed, mut accepted, mut lookup_tokens) = (0u64, 0u64, 0u64);
@@ -160,7 +199,7 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
     for (i, (paragraph, from, to)) in TASKS.iter().enumerate() {
         for round in 0..ctx.rounds.max(1) {
             let plain_req = request(paragraph, from, to, 0, max_tokens);
-            let lookup_req = request(paragraph, from, to, ctx.num_tokens, max_tokens);
+            let lookup_req = request(paragraph, from, to, num_tokens, max_tokens);
             let (plain, fast) = if (i + round) % 2 == 0 {
                 let a = one(&mut client, plain_req).await?;
                 (a, one(&mut client, lookup_req).await?)
@@ -170,7 +209,7 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
             };
             anyhow::ensure!(
                 plain.text == fast.text,
-                "task {i}: prompt lookup changed the answer:\n{:?}\nvs\n{:?}",
+                "{id} task {i}: speculation changed the answer:\n{:?}\nvs\n{:?}",
                 plain.text,
                 fast.text
             );
@@ -202,18 +241,32 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
     let acceptance = accepted as f64 / proposed.max(1) as f64;
     // Each step yields its accepted proposals plus one sampled token.
     let steps = lookup_tokens.saturating_sub(accepted).max(1);
-    let rows = vec![
+    let speculative = format!("{:.1} tok/s", median(&lookup_rates));
+    let plain = format!("{:.1} tok/s plain", median(&plain_rates));
+    let head = if draft {
         Row::new(
-            "P1",
+            id,
             &format!(
-                "1 stream, edit-style chat, prompt lookup ({} tokens) vs plain, tok/s",
-                ctx.num_tokens
+                "1 stream, edit-style chat, draft model ({num_tokens} tokens) vs plain, tok/s"
             ),
         )
-        .gyre(format!("{:.1} tok/s", median(&lookup_rates)))
-        .reference(format!("{:.1} tok/s plain", median(&plain_rates)))
-        .compare(ratio, ">= 1.5", ratio >= 1.5),
-        Row::new("P1", "  proposals accepted, tokens per step").gyre(format!(
+        .gyre(speculative)
+        .reference(plain)
+        .value(ratio)
+    } else {
+        Row::new(
+            id,
+            &format!(
+                "1 stream, edit-style chat, prompt lookup ({num_tokens} tokens) vs plain, tok/s"
+            ),
+        )
+        .gyre(speculative)
+        .reference(plain)
+        .compare(ratio, ">= 1.5", ratio >= 1.5)
+    };
+    let rows = vec![
+        head,
+        Row::new(id, "  proposals accepted, tokens per step").gyre(format!(
             "{:.0}% of {proposed}, {:.2} tokens/step",
             100.0 * acceptance,
             lookup_tokens as f64 / steps as f64
@@ -221,8 +274,9 @@ pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
     ];
     let details = json!({
         "model": ctx.model,
+        "draft_model": draft.then_some(&ctx.draft),
         "threads": ctx.threads,
-        "num_assistant_tokens": ctx.num_tokens,
+        "num_assistant_tokens": num_tokens,
         "max_tokens": max_tokens,
         "ratios": ratios,
         "ratio_median": ratio,

@@ -41,8 +41,8 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 11] = [
-    "S1", "S2", "S3", "S4", "S5", "O1", "B1", "G1", "G2", "E1", "P1",
+pub const ALL: [&str; 12] = [
+    "S1", "S2", "S3", "S4", "S5", "O1", "B1", "G1", "G2", "E1", "P1", "D1",
 ];
 
 /// Scenarios that run only when `--only` names them (sized for a GPU).
@@ -292,10 +292,14 @@ pub async fn run_embeddings(
 
 /// Runs P1 when `only` selects it.
 pub async fn run_lookup(ctx: &lookup::LookupCtx<'_>, only: &[String]) -> Vec<ScenarioResult> {
-    if !selected(only, "P1") {
-        return Vec::new();
+    let mut results = Vec::new();
+    if selected(only, "P1") {
+        results.push(run_one("P1", lookup::p1(ctx)).await);
     }
-    vec![run_one("P1", lookup::p1(ctx)).await]
+    if selected(only, "D1") {
+        results.push(run_one("D1", lookup::d1(ctx)).await);
+    }
+    results
 }
 
 /// Runs the generative scenarios (S1-S5, O1, B1, G1, G2) in `only` (all
@@ -347,6 +351,7 @@ pub fn title(id: &str) -> &'static str {
         "B1" => "beam search width 4 on SmolLM2: gyre vs transformers generate(num_beams=4)",
         "E1" => "embeddings: gyre vs sentence-transformers encode, same batch and threads",
         "P1" => "prompt lookup vs plain decoding: 1 stream, edit-style prompts, real model",
+        "D1" => "draft model (the model's first layers) vs plain decoding: 1 stream, as P1",
         "G1" => "throughput per concurrency level, gRPC and HTTP, vs transformers batches",
         "G2" => "TTFT of many streams with long prompts: a burst, then steady state (gRPC)",
         _ => "?",
@@ -370,6 +375,6 @@ mod tests {
         assert!(selected(&only(&["g1", "G2"]), "G1") && selected(&only(&["G2"]), "G2"));
         assert!(!selected(&only(&["G1"]), "S1"));
         assert!(needs_generative(&only(&["G2"])) && needs_generative(&[]));
-        assert!(!needs_generative(&only(&["E1", "P1"])));
+        assert!(!needs_generative(&only(&["E1", "P1", "D1"])));
     }
 }
