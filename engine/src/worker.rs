@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind};
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::Admission;
@@ -20,11 +20,14 @@ use crate::models::Model;
 use crate::sampler::{Sampler, Sampling};
 use crate::scheduler::{Scheduler, SeqState};
 use crate::sequence::{
-    Gen, PROMPT_LP_ROWS, device_plan, sample_next, send_logprobs, take_device_pick, take_token,
-    verify,
+    Gen, device_plan, sample_next, send_logprobs, take_device_pick, take_token, verify,
 };
 #[path = "worker_beam.rs"]
 mod beam_ops;
+#[path = "worker_logits.rs"]
+mod logits_ops;
+#[path = "worker_spec.rs"]
+mod spec_ops;
 
 use crate::{
     Command, DeviceChoice, EngineError, EngineOptions, EngineStats, Event, ModelInfo, Usage,
@@ -370,107 +373,6 @@ impl Worker {
         }
     }
 
-    /// Gives each decoding sequence that speculates the tokens prompt
-    /// lookup or the draft model proposes for it, at the end of its tokens
-    /// (`drafts`), to be computed in the coming step beside its last token.
-    fn propose_drafts(&mut self) -> Result<(), EngineError> {
-        let max_len = self.model.config().max_position_embeddings as usize;
-        // (index in running, tokens to propose) of the draft's sequences.
-        let mut by_draft = Vec::new();
-        for (i, s) in self.running.iter_mut().enumerate() {
-            let Some(g) = self.gens.get(&s.id) else {
-                continue;
-            };
-            let num_tokens = match (g.req.speculation, g.req.draft) {
-                (Some(spec), _) => spec.num_tokens,
-                (None, Some(d)) => d.num_tokens,
-                (None, None) => continue,
-            };
-            let decoding = s.drafts == 0 && s.computed + 1 == s.tokens.len();
-            if !decoding || g.generated == 0 || !g.forks.is_empty() {
-                continue;
-            }
-            // No more than can still be generated: take_token ends the
-            // sequence at max_tokens, or once it would reach max_len.
-            let left = (g.req.max_tokens.saturating_sub(g.generated + 1) as usize)
-                .min(max_len.saturating_sub(s.tokens.len() + 1));
-            let mut k = (num_tokens as usize).min(left);
-            // Never across a KV-regime boundary (longrope).
-            while k > 0 && self.model.kv_regime(s.tokens.len() + k) != s.kv_regime {
-                k -= 1;
-            }
-            let Some(spec) = g.req.speculation else {
-                if k > 0 {
-                    by_draft.push((i, k));
-                }
-                continue;
-            };
-            let drafts = crate::speculate::lookup_predicted(
-                &g.req.predicted,
-                &s.tokens,
-                spec.max_ngram as usize,
-                k,
-            );
-            s.drafts = drafts.len();
-            s.tokens.extend(drafts);
-        }
-        let Some(draft) = self.draft.as_mut() else {
-            return Ok(());
-        };
-        // The draft's blocks of sequences not proposing now are freed.
-        let proposing: std::collections::HashSet<u64> =
-            by_draft.iter().map(|&(i, _)| self.running[i].id).collect();
-        draft.retain(|id| proposing.contains(&id));
-        if by_draft.is_empty() {
-            return Ok(());
-        }
-        let wants: Vec<crate::draft::Want<'_>> = by_draft
-            .iter()
-            .map(|&(i, k)| {
-                let s = &self.running[i];
-                let d = self.gens[&s.id]
-                    .req
-                    .draft
-                    .expect("speculates with the draft");
-                crate::draft::Want {
-                    id: s.id,
-                    tokens: &s.tokens,
-                    k,
-                    threshold: d.confidence_threshold,
-                    bias: &self.gens[&s.id].req.sampling.logit_bias,
-                }
-            })
-            .collect();
-        let proposals = draft.propose(&wants)?;
-        drop(wants);
-        for ((i, _), p) in by_draft.into_iter().zip(proposals) {
-            let s = &mut self.running[i];
-            s.drafts = p.len();
-            s.tokens.extend(p);
-        }
-        Ok(())
-    }
-
-    /// Keeps the speculative tokens that the plan computes: all of them
-    /// when the sequence runs whole, the first few when the token budget
-    /// cut its run, none when it does not run this step.
-    fn fit_drafts(&mut self, runs: &[(u64, usize)]) {
-        let n_of: HashMap<u64, usize> = runs.iter().copied().collect();
-        for s in &mut self.running {
-            if s.drafts == 0 {
-                continue;
-            }
-            let real = s.tokens.len() - s.drafts;
-            let covered = n_of
-                .get(&s.id)
-                .map_or(0, |&n| (s.computed + n).saturating_sub(real));
-            if covered < s.drafts {
-                s.tokens.truncate(real + covered);
-                s.drafts = covered;
-            }
-        }
-    }
-
     /// Sends a running sequence whose KV regime changed with its length
     /// (longrope past its original maximum) back to wait, its cache
     /// released, to be recomputed in the new regime, as transformers drops
@@ -792,84 +694,6 @@ impl Worker {
                     timings,
                 });
             }
-        }
-        Ok(())
-    }
-
-    /// Float32 logits of the given rows of `hidden`, where they are computed.
-    fn device_logits(&self, hidden: &Tensor, rows: &[i64]) -> Result<Tensor, EngineError> {
-        let idx = Tensor::from_slice(rows).f_to_device(self.model.device())?;
-        self.model.logits(&hidden.f_index_select(0, &idx)?)
-    }
-
-    /// Rows `rows` of `logits` (which has `total` rows) on the host, row
-    /// after row.
-    fn host_rows(
-        &self,
-        logits: &Tensor,
-        rows: &[i64],
-        total: usize,
-    ) -> Result<Vec<f32>, EngineError> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let picked = if rows.len() == total {
-            logits.shallow_clone()
-        } else {
-            logits.f_index_select(0, &Tensor::from_slice(rows).f_to_device(logits.device())?)?
-        };
-        let host = picked.f_to_device(Device::Cpu)?;
-        let numel = host.numel();
-        let mut flat = vec![0f32; numel];
-        host.f_copy_data(&mut flat, numel)?;
-        Ok(flat)
-    }
-
-    /// Float32 logits of the given rows of `hidden`, on the host, row after
-    /// row; and the vocabulary size (the row length).
-    fn logits_rows(&self, hidden: &Tensor, rows: &[i64]) -> Result<(Vec<f32>, usize), EngineError> {
-        let logits = self.device_logits(hidden, rows)?;
-        let vocab = logits.size()[1] as usize;
-        let flat = self.host_rows(&logits, rows, rows.len())?;
-        Ok((flat, vocab))
-    }
-
-    /// Log-probabilities of prompt tokens computed this step (see
-    /// `GenerateRequest::prompt_logprobs`), sent to every choice.
-    fn send_prompt_logprobs(
-        &mut self,
-        hidden: &Tensor,
-        rows: &[(u64, i64, u32)],
-    ) -> Result<(), EngineError> {
-        let mut per_seq: Vec<(u64, Vec<crate::TokenLogprobs>)> = Vec::new();
-        for part in rows.chunks(PROMPT_LP_ROWS) {
-            let idx: Vec<i64> = part.iter().map(|r| r.1).collect();
-            let (flat, vocab) = self.logits_rows(hidden, &idx)?;
-            for (i, &(id, _, target)) in part.iter().enumerate() {
-                let Some(g) = self.gens.get(&id) else {
-                    continue;
-                };
-                let k = g
-                    .req
-                    .prompt_logprobs
-                    .unwrap_or(0)
-                    .min(crate::MAX_TOP_LOGPROBS) as usize;
-                let lp = crate::sampler::logprobs(&flat[i * vocab..(i + 1) * vocab], target, k);
-                match per_seq.last_mut() {
-                    Some((last, list)) if *last == id => list.push(lp),
-                    _ => per_seq.push((id, vec![lp])),
-                }
-            }
-        }
-        for (id, list) in per_seq {
-            let Some(g) = self.gens.get_mut(&id) else {
-                continue;
-            };
-            g.prompt_lp_done += list.len();
-            for (events, _) in &g.forks {
-                let _ = events.send(Event::PromptLogprobs(list.clone()));
-            }
-            let _ = g.events.send(Event::PromptLogprobs(list));
         }
         Ok(())
     }
