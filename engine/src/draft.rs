@@ -1,15 +1,26 @@
 //! Speculative decoding with a draft model: a second, smaller model with
 //! the target's vocabulary, loaded beside it on the engine thread with a
 //! KV pool of its own. Before a step, each decoding sequence that
-//! speculates with the draft gets up to `k` tokens proposed by the draft's
-//! greedy argmax (k single-token draft forwards, batched across the
-//! sequences that speculate); they become the sequence's `drafts`, which
-//! the target computes in its one batched forward and `sequence::verify`
-//! checks as it checks prompt lookup's (see `speculate`): the target
-//! samples each position with the request's own sampler and keeps a
-//! proposal exactly when its own draw is that token. So greedy output is
-//! token for token the same as without the draft, and a seeded request
-//! draws the same tokens: the distribution is exactly the target's.
+//! speculates with the draft gets up to `k` tokens proposed by the draft
+//! (k single-token draft forwards, batched across the sequences that
+//! speculate); they become the sequence's `drafts`, which the target
+//! computes in its one batched forward and `sequence::verify` checks.
+//!
+//! How a proposal is made and checked depends on the request:
+//! - greedy, or under a constraint: the draft's argmax (with the request's
+//!   logit bias), checked as prompt lookup's are (see `speculate`): the
+//!   target samples the position with the request's own sampler and keeps
+//!   the proposal exactly when its draw is that token. Greedy output is
+//!   token for token the same as without the draft.
+//! - sampled: a token drawn from q, the request's sampling rules (bias,
+//!   penalties, temperature, top-k/p, min-p) applied to the draft's
+//!   logits, with a generator of its own (the request's seed, another
+//!   stream); the target keeps it with probability min(1, p(x)/q(x)) and
+//!   otherwise draws from max(0, p - q) renormalized (speculative
+//!   sampling, Leviathan et al. 2023 and Chen et al. 2023): the token is
+//!   distributed as p, and a draft that agrees with the target in
+//!   distribution is kept nearly always, where its argmax would be kept
+//!   only as often as the target draws its most likely token.
 //!
 //! The draft's cache follows the target's tokens lazily: each sequence
 //! remembers the tokens whose keys and values the draft holds, and at its
@@ -20,9 +31,8 @@
 //! blocks freed at the next proposal. When the draft pool has too few
 //! blocks, a sequence proposes fewer tokens, or none (it decodes plainly).
 //!
-//! Not built: Leviathan-style rejection sampling with sampled (not
-//! greedy) draft proposals; the draft's prefix cache (each sequence's
-//! prompt is computed by the draft once per speculating sequence).
+//! Not built: the draft's prefix cache (each sequence's prompt is computed
+//! by the draft once per speculating sequence).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -35,6 +45,7 @@ use crate::blocks::BlockId;
 use crate::kv::KvPool;
 use crate::layers::batch::SeqInput;
 use crate::models::Model;
+use crate::sampler::{Dist, Sampler};
 
 /// Most tokens a request that gives a confidence threshold (and no token
 /// count) has proposed per step.
@@ -46,10 +57,11 @@ pub struct DraftSpeculation {
     /// Most tokens the draft proposes per step (OpenVINO's
     /// `num_assistant_tokens`); at most `MAX_SPECULATIVE_TOKENS`.
     pub num_tokens: u32,
-    /// The draft stops proposing at a token whose probability (its softmax
-    /// over the raw logits, with the request's logit bias) is below this
-    /// (OpenVINO's `assistant_confidence_threshold`); that token is not
-    /// proposed. In [0, 1]; None: always `num_tokens`.
+    /// The draft stops proposing at a token whose probability is below
+    /// this (OpenVINO's `assistant_confidence_threshold`); that token is
+    /// not proposed. The probability is the draft's softmax over its raw
+    /// logits with the request's logit bias for an argmax proposal, and
+    /// q(x) for a drawn one. In [0, 1]; None: always `num_tokens`.
     pub confidence_threshold: Option<f32>,
 }
 
@@ -70,7 +82,17 @@ pub(crate) struct Want<'a> {
     pub tokens: &'a [u32],
     pub k: usize,
     pub threshold: Option<f32>,
-    pub bias: &'a [(u32, f32)],
+    /// Proposals drawn with the request's sampling rules (their
+    /// distributions go to `q`); false: the draft's argmax, with the
+    /// request's logit bias.
+    pub drawn: bool,
+    /// Tokens a drawn proposal may not be at its first `suppress_rows`
+    /// positions (EOS and stop ids before `min_tokens`).
+    pub suppress: Vec<u32>,
+    pub suppress_rows: usize,
+    pub sampler: &'a mut Sampler,
+    /// Where each drawn proposal's distribution goes, in order.
+    pub q: &'a mut Vec<Dist>,
 }
 
 pub(crate) struct Draft {
@@ -145,13 +167,13 @@ impl Draft {
 
     /// Proposals for each sequence of `wants` (in order; empty where the
     /// draft proposes nothing).
-    pub fn propose(&mut self, wants: &[Want<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
+    pub fn propose(&mut self, wants: &mut [Want<'_>]) -> Result<Vec<Vec<u32>>, EngineError> {
         let max_len = self.model.config().max_position_embeddings as usize;
         // Per want: tokens still to compute before the next proposal, and
         // how many to propose (0: none).
         let mut pending: Vec<Vec<u32>> = Vec::with_capacity(wants.len());
         let mut ks = Vec::with_capacity(wants.len());
-        for w in wants {
+        for w in wants.iter() {
             let len = w.tokens.len();
             let regime = self.model.kv_regime(len);
             let ds = self.seqs.entry(w.id).or_default();
@@ -242,23 +264,39 @@ impl Draft {
             let mut flat = vec![0f32; numel];
             logits.f_copy_data(&mut flat, numel)?;
             for (r, &i) in active.iter().enumerate() {
-                let w = &wants[i];
+                let w = &mut wants[i];
                 let ds = self.seqs.get_mut(&w.id).expect("proposing");
                 ds.tokens.append(&mut pending[i]);
                 let row = &mut flat[r * vocab..(r + 1) * vocab];
-                for &(t, b) in w.bias {
-                    if let Some(l) = row.get_mut(t as usize) {
-                        *l += b;
-                    }
-                }
-                let tok = crate::sampler::argmax(row);
-                if let Some(th) = w.threshold {
-                    let top = row[tok as usize];
-                    let z: f32 = row.iter().map(|&l| (l - top).exp()).sum();
-                    if 1.0 / z < th {
+                let tok = if w.drawn {
+                    let at = out[i].len();
+                    let suppress: &[u32] = if at < w.suppress_rows {
+                        &w.suppress
+                    } else {
+                        &[]
+                    };
+                    let (tok, q) = w.sampler.draft_draw(row, suppress, &out[i]);
+                    if w.threshold.is_some_and(|th| q.prob(tok) < f64::from(th)) {
                         continue;
                     }
-                }
+                    w.q.push(q);
+                    tok
+                } else {
+                    for &(t, b) in w.sampler.logit_bias() {
+                        if let Some(l) = row.get_mut(t as usize) {
+                            *l += b;
+                        }
+                    }
+                    let tok = crate::sampler::argmax(row);
+                    if let Some(th) = w.threshold {
+                        let top = row[tok as usize];
+                        let z: f32 = row.iter().map(|&l| (l - top).exp()).sum();
+                        if 1.0 / z < th {
+                            continue;
+                        }
+                    }
+                    tok
+                };
                 out[i].push(tok);
                 if out[i].len() < ks[i] {
                     pending[i].push(tok);

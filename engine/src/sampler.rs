@@ -56,6 +56,9 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     prompt: HashSet<u32>,
     counts: HashMap<u32, u32>,
+    /// The generator a draft model's proposals are drawn with: the
+    /// request's seed, on another ChaCha stream.
+    draft_rng: ChaCha8Rng,
 }
 
 impl Sampler {
@@ -64,11 +67,14 @@ impl Sampler {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
         };
+        let mut draft_rng = rng.clone();
+        draft_rng.set_stream(1);
         Self {
             cfg,
             rng,
             prompt: HashSet::new(),
             counts: HashMap::new(),
+            draft_rng,
         }
     }
 
@@ -201,10 +207,38 @@ impl Sampler {
     }
 
     fn pick(&mut self, logits: &[f32], suppress: &[u32]) -> u32 {
+        let d = self.distribution(logits, suppress);
+        if d.drawn {
+            d.draw(&mut self.rng)
+        } else {
+            d.tokens[0]
+        }
+    }
+
+    /// The request's logit bias.
+    pub(crate) fn logit_bias(&self) -> &[(u32, f32)] {
+        &self.cfg.logit_bias
+    }
+
+    /// True when this sampler takes the most likely token (no draw).
+    pub(crate) fn is_greedy(&self) -> bool {
+        self.cfg.temperature <= 0.0 || self.cfg.top_k == 1
+    }
+
+    /// The distribution the next token is drawn from, for these logits,
+    /// never one of `suppress`: logit bias, suppression and penalties, then
+    /// temperature, top-k, min-p and top-p (greedy: the first maximum, as
+    /// a point).
+    pub(crate) fn distribution(&self, logits: &[f32], suppress: &[u32]) -> Dist {
         let owned = self.processed(logits, suppress);
         let logits = owned.as_deref().unwrap_or(logits);
-        if self.cfg.temperature <= 0.0 || self.cfg.top_k == 1 {
-            return argmax(logits);
+        let point = |t: u32| Dist {
+            tokens: vec![t],
+            probs: vec![1.0],
+            drawn: false,
+        };
+        if self.is_greedy() {
+            return point(argmax(logits));
         }
         let t = self.cfg.temperature;
         let mut cand: Vec<(u32, f32)> = logits
@@ -214,13 +248,17 @@ impl Sampler {
             .map(|(i, &l)| (i as u32, l / t))
             .collect();
         if cand.is_empty() {
-            return argmax(logits);
+            return point(argmax(logits));
         }
-        // Highest first; ties keep the lower id first.
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if self.cfg.top_k > 0 {
-            cand.truncate(self.cfg.top_k as usize);
+        // Highest first; ties keep the lower id first (a total order, so
+        // selecting the top k before sorting them gives the same list).
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let k = self.cfg.top_k as usize;
+        if k > 0 && k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, order);
+            cand.truncate(k);
         }
+        cand.sort_by(order);
         let max = cand[0].1;
         // Probabilities in f64 (exp of the f32 difference): sums over a
         // large vocabulary then agree with the device sampler's, whose
@@ -253,16 +291,157 @@ impl Sampler {
             let s: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= s);
         }
-        let r = f64::from(self.rng.random::<f32>());
-        let mut acc = 0.0;
-        for (i, p) in probs.iter().enumerate() {
-            acc += p;
-            if r < acc {
-                return cand[i].0;
+        Dist {
+            tokens: cand.into_iter().map(|(t, _)| t).collect(),
+            probs,
+            drawn: true,
+        }
+    }
+
+    /// The draft model's proposal for this request from the draft's
+    /// `logits`: a token drawn from the distribution this sampler's rules
+    /// give those logits (with its own generator, apart from the one the
+    /// request's tokens are drawn with), and that distribution (`q`, for
+    /// [`Sampler::sample_speculative`]).
+    /// `before`: the tokens proposed ahead of this one in the same step,
+    /// counted for the penalties as the model's sampler will count them.
+    pub(crate) fn draft_draw(
+        &mut self,
+        logits: &[f32],
+        suppress: &[u32],
+        before: &[u32],
+    ) -> (u32, Dist) {
+        let penalize = self.cfg.repetition_penalty != 1.0
+            || self.cfg.presence_penalty != 0.0
+            || self.cfg.frequency_penalty != 0.0;
+        let before = if penalize { before } else { &[] };
+        for &t in before {
+            *self.counts.entry(t).or_default() += 1;
+        }
+        let q = self.distribution(logits, suppress);
+        for &t in before {
+            if let Some(n) = self.counts.get_mut(&t) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(&t);
+                }
             }
         }
-        cand[cand.len() - 1].0
+        let x = q.draw(&mut self.draft_rng);
+        (x, q)
     }
+
+    /// Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) of
+    /// the next token, for these (the model's) logits, given a proposal
+    /// `x` drawn from `q`: `x` is kept with probability min(1, p(x)/q(x)),
+    /// where p is [`Sampler::distribution`] of the logits; otherwise the
+    /// token is drawn from max(0, p - q), renormalized. The token that
+    /// comes out is distributed as p, whatever q is. A greedy sampler
+    /// takes p's point (kept when it is `x`). Returns the token and
+    /// whether it is the proposal.
+    pub(crate) fn sample_speculative(
+        &mut self,
+        logits: &[f32],
+        suppress: &[u32],
+        x: u32,
+        q: &Dist,
+    ) -> (u32, bool) {
+        let p = self.distribution(logits, suppress);
+        let tok = if p.drawn {
+            let u = f64::from(self.rng.random::<f32>());
+            let v = f64::from(self.rng.random::<f32>());
+            speculative_pick(&p, q, x, u, v, logits.len())
+        } else {
+            p.tokens[0]
+        };
+        *self.counts.entry(tok).or_default() += 1;
+        (tok, tok == x)
+    }
+}
+
+/// A distribution over tokens: the tokens it can give, most likely first,
+/// with their probabilities (summing to 1).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Dist {
+    pub tokens: Vec<u32>,
+    pub probs: Vec<f64>,
+    /// Drawn with a random number (false: a greedy point, taken as is).
+    pub drawn: bool,
+}
+
+impl Dist {
+    /// The probability of `tok`.
+    pub fn prob(&self, tok: u32) -> f64 {
+        self.tokens
+            .iter()
+            .position(|&t| t == tok)
+            .map_or(0.0, |i| self.probs[i])
+    }
+
+    /// A token drawn with one uniform number from `rng` (a greedy point
+    /// draws none).
+    pub fn draw(&self, rng: &mut ChaCha8Rng) -> u32 {
+        if !self.drawn {
+            return self.tokens[0];
+        }
+        self.pick_at(f64::from(rng.random::<f32>()))
+    }
+
+    /// The token where the running sum of the probabilities first exceeds
+    /// `r` (in [0, 1)); the last one when rounding leaves it short.
+    fn pick_at(&self, r: f64) -> u32 {
+        let mut acc = 0.0;
+        for (i, p) in self.probs.iter().enumerate() {
+            acc += p;
+            if r < acc {
+                return self.tokens[i];
+            }
+        }
+        self.tokens[self.tokens.len() - 1]
+    }
+}
+
+/// The speculative-sampling rule with its two uniform numbers `u` (the
+/// acceptance test) and `v` (the draw from the residual), for a proposal
+/// `x` drawn from `q`: `x` when u < p(x) / q(x), else a draw from
+/// max(0, p - q) normalized (from p itself in the measure-zero case where
+/// that is empty), over a vocabulary of `vocab` tokens.
+pub(crate) fn speculative_pick(p: &Dist, q: &Dist, x: u32, u: f64, v: f64, vocab: usize) -> u32 {
+    let (px, qx) = (p.prob(x), q.prob(x));
+    if qx > 0.0 && u * qx < px {
+        return x;
+    }
+    // q by token: a scan when its support is small, else a dense table.
+    let dense_q = (q.tokens.len() > 64).then(|| {
+        let mut d = vec![0f64; vocab.max(1)];
+        for (&t, &pr) in q.tokens.iter().zip(&q.probs) {
+            if let Some(x) = d.get_mut(t as usize) {
+                *x = pr;
+            }
+        }
+        d
+    });
+    let q_of = |t: u32| match &dense_q {
+        Some(d) => d.get(t as usize).copied().unwrap_or(0.0),
+        None => q.prob(t),
+    };
+    let mut residual: Vec<f64> = p
+        .tokens
+        .iter()
+        .zip(&p.probs)
+        .map(|(&t, &pr)| (pr - q_of(t)).max(0.0))
+        .collect();
+    let sum: f64 = residual.iter().sum();
+    if sum <= 0.0 {
+        return p.pick_at(v);
+    }
+    residual.iter_mut().for_each(|r| *r /= sum);
+    Dist {
+        tokens: p.tokens.clone(),
+        probs: residual,
+        drawn: true,
+    }
+    .pick_at(v)
 }
 
 /// Log-probability of `token` and the `k` most likely tokens under the
@@ -456,5 +635,105 @@ mod tests {
         let seen: std::collections::HashSet<u32> =
             (0..500).map(|_| m.sample(&logits, &[])).collect();
         assert_eq!(seen, [0u32, 1].into_iter().collect());
+    }
+
+    /// Pearson's statistic of `counts` (of `n` draws) against `p`
+    /// (infinite when a token p cannot give was drawn).
+    fn pearson(counts: &[u64], p: &[f64], n: u64) -> f64 {
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &pr)| {
+                let e = pr * n as f64;
+                if e == 0.0 {
+                    if c == 0 { 0.0 } else { f64::INFINITY }
+                } else {
+                    (c as f64 - e).powi(2) / e
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn speculative_sampling_gives_the_target_distribution() {
+        // p and q over six tokens, each with mass where the other has none.
+        let p = Dist {
+            tokens: vec![0, 1, 2, 3, 4],
+            probs: vec![0.4, 0.3, 0.15, 0.1, 0.05],
+            drawn: true,
+        };
+        let q = Dist {
+            tokens: vec![2, 1, 5, 0],
+            probs: vec![0.5, 0.3, 0.15, 0.05],
+            drawn: true,
+        };
+        let dense_p = [0.4, 0.3, 0.15, 0.1, 0.05, 0.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let n = 200_000u64;
+        let (mut out, mut proposed, mut kept) = ([0u64; 6], [0u64; 6], 0u64);
+        for _ in 0..n {
+            let x = q.draw(&mut rng);
+            proposed[x as usize] += 1;
+            let (u, v) = (rng.random::<f64>(), rng.random::<f64>());
+            let t = speculative_pick(&p, &q, x, u, v, 6);
+            kept += u64::from(t == x);
+            out[t as usize] += 1;
+        }
+        // Four degrees of freedom (p has five tokens): 18.47 is the
+        // quantile at 1 - 1e-3.
+        let stat = pearson(&out, &dense_p, n);
+        assert!(stat < 18.47, "chi2 {stat:.2}: {out:?}");
+        // The same statistic tells the proposals (q) apart from p: the
+        // check has the power to see a rule that keeps proposals blindly.
+        let dense_q = [0.05, 0.3, 0.5, 0.0, 0.0, 0.15];
+        assert!(pearson(&proposed, &dense_p, n) > 1e4);
+        assert!(pearson(&proposed, &dense_q, n) < 18.47 + 2.0);
+        // Kept with probability sum(min(p, q)) = 0.05 + 0.3 + 0.15.
+        let rate = kept as f64 / n as f64;
+        assert!((rate - 0.5).abs() < 0.01, "kept {rate}");
+    }
+
+    #[test]
+    fn speculative_sampling_of_a_greedy_request_compares() {
+        let q = Dist {
+            tokens: vec![1, 0],
+            probs: vec![0.9, 0.1],
+            drawn: true,
+        };
+        let mut g = greedy_with(Sampling::default());
+        assert_eq!(
+            g.sample_speculative(&[0.0, 2.0, 1.0], &[], 1, &q),
+            (1, true)
+        );
+        assert_eq!(
+            g.sample_speculative(&[0.0, 2.0, 1.0], &[], 0, &q),
+            (1, false)
+        );
+        // Suppressed tokens are never the target's choice.
+        assert_eq!(
+            g.sample_speculative(&[0.0, 2.0, 1.0], &[1], 1, &q),
+            (2, false)
+        );
+    }
+
+    #[test]
+    fn pick_draws_from_the_distribution_it_reports() {
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 7) % 11) as f32 * 0.4).collect();
+        for (top_k, top_p, min_p) in [(0, 1.0, 0.0), (5, 1.0, 0.0), (0, 0.7, 0.0), (0, 1.0, 0.3)] {
+            let cfg = Sampling {
+                top_k,
+                top_p,
+                min_p,
+                seed: Some(5),
+                ..Sampling::default()
+            };
+            let (mut a, b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+            let d = b.distribution(&logits, &[]);
+            assert!((d.probs.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+            let mut rng = ChaCha8Rng::seed_from_u64(5);
+            for _ in 0..50 {
+                assert_eq!(a.sample(&logits, &[]), d.draw(&mut rng));
+            }
+        }
     }
 }

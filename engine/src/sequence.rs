@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use crate::sampler::Sampler;
+use crate::sampler::{Dist, Sampler};
 use crate::scheduler::SeqState;
 use crate::{EngineError, EngineStats, Event, FinishReason, GenerateRequest, Timings};
 
@@ -29,6 +29,10 @@ pub(crate) struct Gen {
     pub submitted: Instant,
     pub scheduled: Option<Instant>,
     pub first_token: Option<Instant>,
+    /// The distributions the draft model drew this step's proposals from
+    /// (one per speculative token; empty when they were not drawn, as
+    /// greedy or prompt-lookup proposals are not).
+    pub draft_q: Vec<Dist>,
 }
 
 impl Gen {
@@ -77,6 +81,25 @@ pub(crate) fn sample_next(g: &mut Gen, row: &[f32]) -> Result<u32, EngineError> 
     c.consume(tok)
         .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
     Ok(tok)
+}
+
+/// Samples the next token of `g` from its logits `row` given a proposal
+/// `x` the draft drew from `q`, by the speculative-sampling rule
+/// ([`Sampler::sample_speculative`]); a sequence under a constraint that
+/// is not free samples as [`sample_next`] does (and keeps `x` only when it
+/// draws it). Returns the token and whether it is `x`.
+fn sample_proposed(g: &mut Gen, row: &[f32], x: u32, q: &Dist) -> Result<(u32, bool), EngineError> {
+    if g.req.constraint.as_ref().is_some_and(|c| !c.is_free()) {
+        let tok = sample_next(g, row)?;
+        return Ok((tok, tok == x));
+    }
+    let suppress = suppressed(g);
+    let (tok, kept) = g.sampler.sample_speculative(row, &suppress, x, q);
+    if let Some(c) = g.req.constraint.as_mut() {
+        c.consume(tok)
+            .map_err(|e| EngineError::Step(format!("constraint: {e}")))?;
+    }
+    Ok((tok, kept))
 }
 
 /// What the device sampler needs to pick `g`'s next token from row `row`
@@ -153,11 +176,16 @@ pub(crate) fn take_token(
 
 /// Checks a sequence's speculative tokens (its last `s.drafts` tokens, all
 /// computed this step) against what it samples from `rows`: the logits
-/// after its last real token, then after each speculative one. Samples row
-/// after row, keeping each sampled token, until one differs from the
-/// proposal (or all agree and the last row adds one more). The keys and
-/// values of agreeing proposals stay computed; the rest are dropped.
-/// Returns how the sequence ended, if it did.
+/// after its last real token, then after each speculative one. Row after
+/// row it samples a token and keeps it; the proposal at that row counts
+/// as accepted when the token is the proposal, and the next row is used,
+/// else the rest are dropped (the last row adds one more token when all
+/// were accepted). A proposal that the draft model drew from a
+/// distribution (`g.draft_q`) is checked by the speculative-sampling rule;
+/// any other (a point: prompt lookup, a greedy draft) by sampling the row
+/// as plain decoding would and comparing. The keys and values of accepted
+/// proposals stay computed; the rest are dropped. Returns how the sequence
+/// ended, if it did.
 pub(crate) fn verify(
     g: &mut Gen,
     s: &mut SeqState,
@@ -168,17 +196,26 @@ pub(crate) fn verify(
 ) -> Result<Option<Option<FinishReason>>, EngineError> {
     let drafts = s.tokens.split_off(s.tokens.len() - s.drafts);
     s.drafts = 0;
+    let q = std::mem::take(&mut g.draft_q);
+    let drawn = q.len() == drafts.len();
     let real = s.tokens.len();
     let mut accepted = 0;
     let mut ended = None;
     for (j, row) in rows.chunks_exact(vocab).enumerate() {
-        let tok = sample_next(g, row)?;
+        let (tok, kept) = match drafts.get(j) {
+            Some(&x) if drawn => sample_proposed(g, row, x, &q[j])?,
+            Some(&x) => {
+                let tok = sample_next(g, row)?;
+                (tok, tok == x)
+            }
+            None => (sample_next(g, row)?, false),
+        };
         send_logprobs(g, row, tok);
         if let Some(reason) = take_token(g, s, tok, max_len, stats) {
             ended = Some(reason);
             break;
         }
-        if drafts.get(j) != Some(&tok) {
+        if !kept {
             break;
         }
         accepted += 1;

@@ -328,6 +328,7 @@ impl Worker {
                         submitted,
                         scheduled: None,
                         first_token: None,
+                        draft_q: Vec::new(),
                     },
                 );
             }
@@ -628,6 +629,7 @@ impl Worker {
                     submitted: g.submitted,
                     scheduled: g.scheduled,
                     first_token: None,
+                    draft_q: Vec::new(),
                 };
                 let tok = match sample_next(&mut cg, row) {
                     Ok(t) => t,

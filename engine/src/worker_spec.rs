@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::Worker;
 use crate::EngineError;
+use crate::sequence::Gen;
 
 impl Worker {
     /// Gives each decoding sequence that speculates the tokens prompt
@@ -13,6 +14,10 @@ impl Worker {
     /// (`drafts`), to be computed in the coming step beside its last token.
     pub(super) fn propose_drafts(&mut self) -> Result<(), EngineError> {
         let max_len = self.model.config().max_position_embeddings as usize;
+        // Distributions of proposals drawn for an earlier step are stale.
+        for g in self.gens.values_mut() {
+            g.draft_q.clear();
+        }
         // (index in running, tokens to propose) of the draft's sequences.
         let mut by_draft = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
@@ -56,30 +61,51 @@ impl Worker {
             return Ok(());
         };
         // The draft's blocks of sequences not proposing now are freed.
-        let proposing: std::collections::HashSet<u64> =
-            by_draft.iter().map(|&(i, _)| self.running[i].id).collect();
-        draft.retain(|id| proposing.contains(&id));
+        let proposing: HashMap<u64, usize> = by_draft
+            .iter()
+            .map(|&(i, k)| (self.running[i].id, k))
+            .collect();
+        draft.retain(|id| proposing.contains_key(&id));
         if by_draft.is_empty() {
             return Ok(());
         }
-        let wants: Vec<crate::draft::Want<'_>> = by_draft
+        let mut gens: HashMap<u64, &mut Gen> = self
+            .gens
+            .iter_mut()
+            .filter(|(id, _)| proposing.contains_key(id))
+            .map(|(&id, g)| (id, g))
+            .collect();
+        let mut wants: Vec<crate::draft::Want<'_>> = by_draft
             .iter()
             .map(|&(i, k)| {
                 let s = &self.running[i];
-                let d = self.gens[&s.id]
-                    .req
-                    .draft
-                    .expect("speculates with the draft");
+                let g = gens.remove(&s.id).expect("a generating sequence");
+                let d = g.req.draft.expect("speculates with the draft");
+                // A sampled request without a constraint has proposals
+                // drawn from its sampler's rules over the draft's logits
+                // (checked by the speculative-sampling rule); the others
+                // get the draft's argmax (compared with their draws).
+                let drawn = !g.sampler.is_greedy() && g.req.constraint.is_none();
+                let suppress_rows = g.req.min_tokens.saturating_sub(g.generated) as usize;
+                let suppress = if suppress_rows > 0 {
+                    g.eos.iter().chain(&g.req.stop_token_ids).copied().collect()
+                } else {
+                    Vec::new()
+                };
                 crate::draft::Want {
                     id: s.id,
                     tokens: &s.tokens,
                     k,
                     threshold: d.confidence_threshold,
-                    bias: &self.gens[&s.id].req.sampling.logit_bias,
+                    drawn,
+                    suppress,
+                    suppress_rows,
+                    sampler: &mut g.sampler,
+                    q: &mut g.draft_q,
                 }
             })
             .collect();
-        let proposals = draft.propose(&wants)?;
+        let proposals = draft.propose(&mut wants)?;
         drop(wants);
         for ((i, _), p) in by_draft.into_iter().zip(proposals) {
             let s = &mut self.running[i];
@@ -105,6 +131,9 @@ impl Worker {
             if covered < s.drafts {
                 s.tokens.truncate(real + covered);
                 s.drafts = covered;
+                if let Some(g) = self.gens.get_mut(&s.id) {
+                    g.draft_q.truncate(covered);
+                }
             }
         }
     }

@@ -204,6 +204,11 @@ pub struct RunArgs {
     /// D1's tokens proposed per step (`num_assistant_tokens`).
     #[arg(long, default_value_t = 5)]
     pub draft_tokens: u32,
+    /// D1's sampling temperature (0: greedy, and both sides' answers must
+    /// be the same text; above 0, each round's two requests are sampled
+    /// with one seed, and the answers are not compared).
+    #[arg(long, default_value_t = 0.0)]
+    pub draft_temperature: f32,
 }
 
 #[derive(Debug, Args)]

@@ -68,6 +68,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         server_args: &args.lookup_server_args,
         draft: std::path::absolute(&args.draft_model)?,
         draft_tokens: args.draft_tokens,
+        draft_temperature: args.draft_temperature,
     };
     let lookup_results = tokio::select! {
         results = scenarios::run_lookup(&lookup_ctx, &args.only) => results,

@@ -18,7 +18,10 @@
 //! `tests/fixtures/make_draft.py`): plain requests against requests that
 //! speculate with the draft, on one server. No target: the figure is
 //! reported as measured (a layer-truncated draft agrees with the model
-//! rarely, so it is expected to be slower than plain decoding).
+//! rarely, so it is expected to be slower than plain decoding). With
+//! `--draft-temperature T` (above 0) the requests are sampled, both sides
+//! of a round with one seed; the answers then differ and are not compared
+//! (the draft's proposals are drawn and checked by speculative sampling).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -50,6 +53,8 @@ pub struct LookupCtx<'a> {
     pub draft: PathBuf,
     /// D1's tokens proposed per step.
     pub draft_tokens: u32,
+    /// D1's temperature (0: greedy).
+    pub draft_temperature: f32,
 }
 
 /// The edit-style tasks: a paragraph and the one change asked for.
@@ -85,7 +90,15 @@ struct Run {
     accepted: u32,
 }
 
-fn request(paragraph: &str, from: &str, to: &str, num_tokens: u32, max_tokens: u32) -> v1::Request {
+/// The chat request for one task, greedy (`temperature` 0) or sampled
+/// with `seed`.
+fn request(
+    (paragraph, from, to): (&str, &str, &str),
+    num_tokens: u32,
+    max_tokens: u32,
+    temperature: f32,
+    seed: u64,
+) -> v1::Request {
     let prompt = format!(
         "Rewrite the following paragraph exactly as it is, changing only the word '{from}' to '{to}'. Reply with the rewritten paragraph only.\n\n{paragraph}"
     );
@@ -99,7 +112,8 @@ fn request(paragraph: &str, from: &str, to: &str, num_tokens: u32, max_tokens: u
             ..Default::default()
         })),
         sampling: Some(v1::SamplingParams {
-            temperature: Some(0.0),
+            temperature: Some(temperature),
+            seed: (temperature > 0.0).then_some(seed),
             ..Default::default()
         }),
         max_tokens: Some(max_tokens),
@@ -144,7 +158,7 @@ async fn one(client: &mut GenerationClient<Channel>, req: v1::Request) -> anyhow
 }
 
 pub async fn p1(ctx: &LookupCtx<'_>) -> Outcome {
-    compare(ctx, "P1", ctx.num_tokens, ctx.server_args.to_vec()).await
+    compare(ctx, "P1", ctx.num_tokens, 0.0, ctx.server_args.to_vec()).await
 }
 
 pub async fn d1(ctx: &LookupCtx<'_>) -> Outcome {
@@ -156,7 +170,7 @@ pub async fn d1(ctx: &LookupCtx<'_>) -> Outcome {
     let mut args = ctx.server_args.to_vec();
     args.push("--draft-model".into());
     args.push(ctx.draft.display().to_string());
-    compare(ctx, "D1", ctx.draft_tokens, args).await
+    compare(ctx, "D1", ctx.draft_tokens, ctx.draft_temperature, args).await
 }
 
 /// Speculative (`num_tokens` per step) against plain requests on a server
@@ -165,6 +179,7 @@ async fn compare(
     ctx: &LookupCtx<'_>,
     id: &str,
     num_tokens: u32,
+    temperature: f32,
     server_args: Vec<String>,
 ) -> Outcome {
     anyhow::ensure!(
@@ -189,17 +204,21 @@ async fn compare(
     let mut client = GenerationClient::connect(server.grpc_url.clone()).await?;
     let max_tokens = 160;
     // Warm-up: first-use costs on both paths.
-    let (p, f, t) = TASKS[0];
-    one(&mut client, request(p, f, t, 0, 8)).await?;
-    one(&mut client, request(p, f, t, num_tokens, 8)).await?;
+    one(&mut client, request(TASKS[0], 0, 8, temperature, 0)).await?;
+    one(
+        &mut client,
+        request(TASKS[0], num_tokens, 8, temperature, 0),
+    )
+    .await?;
 
     let (mut ratios, mut plain_rates, mut lookup_rates) = (Vec::new(), Vec::new(), Vec::new());
     let (mut proposed, mut accepted, mut lookup_tokens) = (0u64, 0u64, 0u64);
     let mut per_task = Vec::new();
-    for (i, (paragraph, from, to)) in TASKS.iter().enumerate() {
+    for (i, &task) in TASKS.iter().enumerate() {
         for round in 0..ctx.rounds.max(1) {
-            let plain_req = request(paragraph, from, to, 0, max_tokens);
-            let lookup_req = request(paragraph, from, to, num_tokens, max_tokens);
+            let seed = (i * 1000 + round) as u64;
+            let plain_req = request(task, 0, max_tokens, temperature, seed);
+            let lookup_req = request(task, num_tokens, max_tokens, temperature, seed);
             let (plain, fast) = if (i + round) % 2 == 0 {
                 let a = one(&mut client, plain_req).await?;
                 (a, one(&mut client, lookup_req).await?)
@@ -208,7 +227,7 @@ async fn compare(
                 (one(&mut client, plain_req).await?, b)
             };
             anyhow::ensure!(
-                plain.text == fast.text,
+                temperature > 0.0 || plain.text == fast.text,
                 "{id} task {i}: speculation changed the answer:\n{:?}\nvs\n{:?}",
                 plain.text,
                 fast.text
@@ -247,7 +266,12 @@ async fn compare(
         Row::new(
             id,
             &format!(
-                "1 stream, edit-style chat, draft model ({num_tokens} tokens) vs plain, tok/s"
+                "1 stream, edit-style chat, draft model ({num_tokens} tokens) vs plain, {}, tok/s",
+                if temperature > 0.0 {
+                    format!("temperature {temperature}")
+                } else {
+                    "greedy".to_string()
+                }
             ),
         )
         .gyre(speculative)
@@ -277,6 +301,7 @@ async fn compare(
         "draft_model": draft.then_some(&ctx.draft),
         "threads": ctx.threads,
         "num_assistant_tokens": num_tokens,
+        "temperature": temperature,
         "max_tokens": max_tokens,
         "ratios": ratios,
         "ratio_median": ratio,
