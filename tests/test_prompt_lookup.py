@@ -10,11 +10,16 @@ own proposals (OpenAI's `accepted_prediction_tokens` /
 `rejected_prediction_tokens`, the proto's `speculative_*_tokens`), equal to
 what the engine's counters moved by; out-of-range values are 400s naming the
 param (INVALID_ARGUMENT naming the field over gRPC) and a bad model key
-fails the start.
+fails the start. vLLM's `--speculative-config '{"method": "ngram", ...}'`
+turns prompt lookup on by default with its tokens per step and n-gram
+bounds (its shortest n-gram holds back the shorter matches), and a config
+gyre cannot run fails the start naming what is wrong.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 
 import openai
@@ -263,3 +268,110 @@ def test_a_bad_prompt_lookup_key_fails_the_start(value):
     assert p.returncode != 0 and "listening" not in p.stdout, (p.returncode, p.stderr[-2000:])
     assert "prompt_lookup" in p.stderr and "0 to 64" in p.stderr, p.stderr[-2000:]
     assert "panicked" not in p.stderr
+
+
+def serve_with_config(config: dict) -> harness.Server:
+    harness.require_file(GGUF, "the default model (make models)")
+    return harness.Server.start([str(harness.GYRE_BIN), "serve", "--model", str(GGUF),
+                                 "--speculative-config", json.dumps(config),
+                                 "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+
+
+def test_vllms_ngram_config_turns_prompt_lookup_on_by_default():
+    s = serve_with_config({"method": "ngram", "num_speculative_tokens": 6,
+                           "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    try:
+        sdk = openai.OpenAI(base_url=f"http://{s.http}/v1", api_key="unused", max_retries=0,
+                            timeout=300)
+        before = stats(s)
+        text, usage = chat_usage(sdk)
+        after = stats(s)
+        proposed = after["speculative_proposed_tokens_total"] - before["speculative_proposed_tokens_total"]
+        accepted = after["speculative_accepted_tokens_total"] - before["speculative_accepted_tokens_total"]
+        steps = after["steps_total"] - before["steps_total"]
+        d = usage.completion_tokens_details
+        assert proposed > 0 and accepted > 0, after
+        assert (d.accepted_prediction_tokens, d.rejected_prediction_tokens) == (
+            accepted, proposed - accepted), (d, proposed, accepted)
+        # At most 6 proposals a step.
+        assert proposed <= 6 * steps, (proposed, steps)
+        # The defaults are those the request could have sent itself: the
+        # same proposals, step for step (greedy is deterministic).
+        same, explicit = chat_usage(sdk, num_assistant_tokens=6, max_ngram_size=3)
+        assert same == text
+        assert explicit.completion_tokens_details == d, (explicit, usage)
+        plain, plain_usage = chat_usage(sdk, num_assistant_tokens=0)
+        assert plain == text and plain_usage.completion_tokens_details is None, plain_usage
+        print(f"--speculative-config ngram: {accepted} of {proposed} proposals accepted in "
+              f"{steps} steps for {usage.completion_tokens} tokens")
+    finally:
+        s.stop()
+    assert_no_panic(s)
+    s.remove_log()
+
+
+def test_prompt_lookup_min_holds_back_shorter_ngrams():
+    """`prompt_lookup_min` 16 (and so, as vLLM says, `prompt_lookup_max` 16):
+    in the answer's first 12 tokens the latest 16 tokens still hold the
+    chat template's assistant header, which occurs nowhere earlier, so
+    nothing is proposed; a request's `max_ngram_size: 1` lowers the
+    shortest n-gram to 1 and single tokens of the prompt match."""
+    s = serve_with_config({"method": "ngram", "num_speculative_tokens": 6,
+                           "prompt_lookup_min": 16})
+    try:
+        sdk = openai.OpenAI(base_url=f"http://{s.http}/v1", api_key="unused", max_retries=0,
+                            timeout=300)
+
+        def ask(**extra):
+            r = sdk.chat.completions.create(model="", messages=MESSAGES, temperature=0,
+                                            max_tokens=12, extra_body=extra)
+            return r.choices[0].message.content, r.usage
+
+        before = stats(s)
+        held, usage = ask()
+        after = stats(s)
+        assert usage.completion_tokens == 12, usage
+        assert usage.completion_tokens_details is None, usage
+        assert after["speculative_proposed_tokens_total"] == before["speculative_proposed_tokens_total"]
+        short, short_usage = ask(max_ngram_size=1)
+        assert short == held
+        assert short_usage.completion_tokens_details is not None, short_usage
+        d = short_usage.completion_tokens_details
+        assert d.accepted_prediction_tokens + d.rejected_prediction_tokens > 0, d
+    finally:
+        s.stop()
+    assert_no_panic(s)
+    s.remove_log()
+
+
+@pytest.mark.parametrize("config,extra,message", [
+    ('{"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}',
+     [], "method `eagle` is not supported"),
+    ('{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4}',
+     [], "unknown key `disable_by_batch_size`"),
+    ('{"method": "ngram", "num_speculative_tokens": 65}',
+     [], "`num_speculative_tokens` must be a whole number from 1 to 64, got 65"),
+    ('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 3}',
+     [], "prompt_lookup_min (3) must be at most prompt_lookup_max (2)"),
+    ('{"method": "ngram", "num_speculative_tokens": 3}',
+     ["--prompt-lookup-tokens", "4"], "--speculative-config and --prompt-lookup-tokens both set speculation"),
+])
+def test_a_speculative_config_gyre_cannot_run_fails_the_start(config, extra, message):
+    harness.require_file(GGUF, "the default model (make models)")
+    p = subprocess.run([str(harness.GYRE_BIN), "serve", "--model", str(GGUF),
+                        "--speculative-config", config, *extra,
+                        "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode != 0 and "listening" not in p.stdout, (p.returncode, p.stderr[-2000:])
+    assert "--speculative-config" in p.stderr and message in p.stderr, p.stderr[-2000:]
+    assert "panicked" not in p.stderr
+
+
+def test_the_speculative_config_is_also_read_from_the_environment():
+    harness.require_file(GGUF, "the default model (make models)")
+    env = {**os.environ, "GYRE_SPECULATIVE_CONFIG": '{"method": "medusa"}'}
+    p = subprocess.run([str(harness.GYRE_BIN), "serve", "--model", str(GGUF),
+                        "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                       env=env)
+    assert p.returncode != 0 and "method `medusa` is not supported" in p.stderr, p.stderr[-2000:]

@@ -96,6 +96,11 @@ pub enum EngineError {
         field: &'static str,
         message: String,
     },
+    /// The draft model (`EngineOptions::draft_model_dir`) could not be
+    /// loaded beside the model: another vocabulary, a checkpoint that does
+    /// not load, no memory for its pool.
+    #[error("draft model: {0}")]
+    Draft(Box<EngineError>),
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("the engine is full and so is its queue")]

@@ -170,13 +170,16 @@ impl Worker {
             "KV cache allocated"
         );
         let draft = match &opts.draft_model_dir {
-            Some(path) => Some(crate::draft::Draft::load(
-                path,
-                &opts.model_dir,
-                model.as_ref(),
-                opts.draft_num_blocks.unwrap_or(num_blocks as usize),
-                opts.block_size,
-            )?),
+            Some(path) => Some(
+                crate::draft::Draft::load(
+                    path,
+                    &opts.model_dir,
+                    model.as_ref(),
+                    opts.draft_num_blocks.unwrap_or(num_blocks as usize),
+                    opts.block_size,
+                )
+                .map_err(|e| EngineError::Draft(Box::new(e)))?,
+            ),
             None => None,
         };
         let info = info(

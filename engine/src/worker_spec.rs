@@ -51,6 +51,7 @@ impl Worker {
             let drafts = crate::speculate::lookup_predicted(
                 &g.req.predicted,
                 &s.tokens,
+                spec.min_ngram as usize,
                 spec.max_ngram as usize,
                 k,
             );

@@ -265,6 +265,7 @@ fn beam_requests_out_of_bounds_are_refused() {
             speculation: Some(gyre_engine::Speculation {
                 num_tokens: 3,
                 max_ngram: 2,
+                min_ngram: 1,
             }),
             ..base.clone()
         },

@@ -459,6 +459,7 @@ fn draft_requests_are_checked() {
     both.speculation = Some(gyre_engine::Speculation {
         num_tokens: 3,
         max_ngram: 2,
+        min_ngram: 1,
     });
     assert!(e.submit(both).is_err());
     let mut wide = req.clone();

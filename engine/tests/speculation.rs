@@ -91,6 +91,7 @@ fn greedy_with_prompt_lookup_is_greedy_for_every_family() {
     let spec = Some(Speculation {
         num_tokens: 5,
         max_ngram: 3,
+        min_ngram: 1,
     });
     let (mut accepted_everywhere, mut preempted_everywhere) = (0, 0);
     for name in MODELS {
@@ -206,6 +207,7 @@ fn sampling_with_prompt_lookup_draws_the_same_tokens_per_seed() {
     let spec = Some(Speculation {
         num_tokens: 6,
         max_ngram: 2,
+        min_ngram: 1,
     });
     let mut accepted_everywhere = 0;
     for name in MODELS {

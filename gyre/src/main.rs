@@ -113,7 +113,8 @@ struct ModelArgs {
     /// ~/.cache/huggingface/hub; nothing is downloaded), optionally
     /// followed by `,key=value` items: name, alias (repeatable), version,
     /// revision, deprecated, sunset (dates: YYYY-MM-DD or RFC 3339),
-    /// owned_by, kv_cache_mib, prompt_lookup (tokens per step, 0 to 64).
+    /// owned_by, kv_cache_mib, prompt_lookup (tokens per step, 0 to 64),
+    /// draft (a draft model), draft_tokens (its tokens per step, 0 to 64).
     /// An existing path wins over a hub id. A
     /// sentence-transformers directory (modules.json) or a `BertModel` one
     /// is served as an embedding model (/v1/embeddings, gyre.v1.Embeddings)
@@ -168,11 +169,11 @@ struct ModelArgs {
     reasoning_parser: gyre_service::reasoning::ParserChoice,
     /// Prompt-lookup decoding by default for every generative model: up to
     /// this many tokens proposed per step from n-gram matches in the
-    /// prompt and output (0: off; a request's `num_assistant_tokens` and
-    /// `max_ngram_size` override it, up to 64).
-    #[arg(long, env = "GYRE_PROMPT_LOOKUP_TOKENS", default_value_t = 0,
+    /// prompt and output (0, the default: off; a request's
+    /// `num_assistant_tokens` and `max_ngram_size` override it, up to 64).
+    #[arg(long, env = "GYRE_PROMPT_LOOKUP_TOKENS",
           value_parser = clap::value_parser!(u32).range(0..=64))]
-    prompt_lookup_tokens: u32,
+    prompt_lookup_tokens: Option<u32>,
     /// Speculative decoding with a draft model: a smaller model with the
     /// same tokenizer (a GGUF file or HuggingFace directory), loaded beside
     /// the model with a KV cache of its own; its greedy proposals are
@@ -183,6 +184,19 @@ struct ModelArgs {
     /// its own `draft=`).
     #[arg(long, env = "GYRE_DRAFT_MODEL")]
     draft_model: Option<String>,
+    /// vLLM's speculative decoding flag, with vLLM's keys (a JSON object),
+    /// for a single model. `{"method": "ngram", "num_speculative_tokens":
+    /// K, "prompt_lookup_max": N, "prompt_lookup_min": M}`: prompt lookup by
+    /// default with K tokens per step (1 to 64), n-grams from N down to M
+    /// (1 to 16; vLLM's defaults: both 5, or one given, the other equal to
+    /// it) for requests that do not send `max_ngram_size`. `{"model": PATH,
+    /// "num_speculative_tokens": K}` (method absent or "draft_model"): as
+    /// --draft-model PATH, K tokens per step by default instead of
+    /// generation_config.json's `num_assistant_tokens` (a request's own still
+    /// wins). Other methods (eagle, medusa, mtp, suffix...) and other keys
+    /// are refused. Not with --draft-model or --prompt-lookup-tokens.
+    #[arg(long, env = "GYRE_SPECULATIVE_CONFIG", value_name = "JSON")]
+    speculative_config: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -455,6 +469,29 @@ fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
             only.revision.clone_from(&args.revision);
         }
     }
+    if let Some(json) = &args.speculative_config {
+        for (flag, given) in [
+            ("--draft-model", args.draft_model.is_some()),
+            (
+                "--prompt-lookup-tokens",
+                args.prompt_lookup_tokens.is_some(),
+            ),
+        ] {
+            if given {
+                anyhow::bail!(
+                    "--speculative-config and {flag} both set speculation; give one (a draft \
+                     model is {{\"model\": PATH}} in --speculative-config, prompt lookup \
+                     {{\"method\": \"ngram\", \"num_speculative_tokens\": K}})"
+                );
+            }
+        }
+        let config = gyre_service::registry::speculative::SpeculativeConfig::parse(json)?;
+        config.apply(&mut specs)?;
+        tracing::info!(
+            ?config,
+            "speculative decoding by default (--speculative-config)"
+        );
+    }
     if let Some(draft) = &args.draft_model {
         let [only] = specs.as_mut_slice() else {
             anyhow::bail!(
@@ -492,7 +529,10 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
             .as_deref()
             .and_then(gyre_service::tools::ToolFormat::from_name),
         reasoning_parser: args.reasoning_parser,
-        prompt_lookup_tokens: args.prompt_lookup_tokens,
+        prompt_lookup_tokens: args.prompt_lookup_tokens.unwrap_or(0),
+        prompt_lookup_max: None,
+        prompt_lookup_min: None,
+        draft_tokens: None,
     };
     let e = &args.engine;
     Ok(LoadDefaults {
@@ -771,8 +811,96 @@ async fn run() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_age;
+    use super::{Cli, Command, ModelSpec, Parser as _, model_specs, parse_age};
     use std::time::Duration;
+
+    /// The model specs of `gyre serve ARGS`.
+    fn specs_of(args: &[&str]) -> anyhow::Result<Vec<ModelSpec>> {
+        let cli = Cli::try_parse_from(["gyre", "serve"].iter().chain(args))?;
+        let Command::Serve { model, .. } = cli.command else {
+            unreachable!("serve")
+        };
+        model_specs(&model)
+    }
+
+    #[test]
+    fn the_speculative_config_sets_the_models_speculation() {
+        let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}"#;
+        let specs = specs_of(&["--model", "m.gguf", "--speculative-config", ngram]).expect("ok");
+        let s = &specs[0];
+        assert_eq!(
+            (
+                s.prompt_lookup,
+                s.prompt_lookup_max,
+                s.prompt_lookup_min,
+                &s.draft
+            ),
+            (Some(4), Some(3), Some(3), &None)
+        );
+        let draft = r#"{"model": "d.gguf", "num_speculative_tokens": 3}"#;
+        let specs = specs_of(&["--model", "m.gguf", "--speculative-config", draft]).expect("ok");
+        assert_eq!(specs[0].draft.as_deref(), Some("d.gguf"));
+        assert_eq!(specs[0].draft_tokens, Some(3));
+        assert_eq!(specs[0].prompt_lookup, None);
+        // The default model, without --model.
+        let specs = specs_of(&["--speculative-config", draft]).expect("ok");
+        assert_eq!(specs[0].source, super::DEFAULT_MODEL);
+        assert_eq!(specs[0].draft.as_deref(), Some("d.gguf"));
+    }
+
+    #[test]
+    fn the_speculative_config_beside_other_speculation_is_refused() {
+        let draft = r#"{"model": "d.gguf", "num_speculative_tokens": 3}"#;
+        let err = |args: &[&str]| specs_of(args).expect_err("refused").to_string();
+        for (flag, value) in [("--draft-model", "d.gguf"), ("--prompt-lookup-tokens", "0")] {
+            let e = err(&[
+                "--model",
+                "m.gguf",
+                "--speculative-config",
+                draft,
+                flag,
+                value,
+            ]);
+            assert!(
+                e.contains(&format!(
+                    "--speculative-config and {flag} both set speculation"
+                )),
+                "{e}"
+            );
+        }
+        let e = err(&[
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--speculative-config",
+            draft,
+        ]);
+        assert!(
+            e.contains("applies to a single model, and 2 are served"),
+            "{e}"
+        );
+        let e = err(&[
+            "--model",
+            "m.gguf,draft=x.gguf",
+            "--speculative-config",
+            draft,
+        ]);
+        assert!(
+            e.contains("the model's `draft` sets speculation too"),
+            "{e}"
+        );
+        let e = err(&[
+            "--model",
+            "m.gguf",
+            "--speculative-config",
+            r#"{"method": "eagle", "model": "e"}"#,
+        ]);
+        assert!(
+            e.starts_with("--speculative-config: method `eagle` is not supported"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn ages_take_a_unit_or_seconds() {

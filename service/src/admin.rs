@@ -98,7 +98,10 @@ impl AdminService {
 }
 
 fn load_failed(e: LoadError) -> ServiceError {
-    ServiceError::invalid("source", "MODEL_LOAD_FAILED", e.to_string())
+    match e {
+        LoadError::Draft(message) => ServiceError::invalid("draft", "DRAFT_LOAD_FAILED", message),
+        e => ServiceError::invalid("source", "MODEL_LOAD_FAILED", e.to_string()),
+    }
 }
 
 fn join_failed(e: tokio::task::JoinError) -> ServiceError {
@@ -136,11 +139,30 @@ fn spec_of(req: LoadModelRequest) -> Result<ModelSpec, ServiceError> {
         ));
     }
     let max = gyre_engine::MAX_SPECULATIVE_TOKENS;
-    if let Some(k) = req.prompt_lookup.filter(|&k| k > max) {
+    for (field, value) in [
+        ("prompt_lookup", req.prompt_lookup),
+        ("draft_tokens", req.draft_tokens),
+    ] {
+        if let Some(k) = value.filter(|&k| k > max) {
+            return Err(ServiceError::invalid(
+                field,
+                "OUT_OF_RANGE",
+                format!("{field} must be between 0 and {max}, got {k}"),
+            ));
+        }
+    }
+    if req.draft.as_deref().is_some_and(|d| d.trim().is_empty()) {
         return Err(ServiceError::invalid(
-            "prompt_lookup",
-            "OUT_OF_RANGE",
-            format!("prompt_lookup must be between 0 and {max}, got {k}"),
+            "draft",
+            "EMPTY_DRAFT",
+            "draft must not be empty (a draft model's path; leave it unset for none)",
+        ));
+    }
+    if req.draft_tokens.is_some() && req.draft.is_none() {
+        return Err(ServiceError::invalid(
+            "draft_tokens",
+            "NO_DRAFT_MODEL",
+            "draft_tokens needs a draft model (`draft`)",
         ));
     }
     Ok(ModelSpec {
@@ -154,8 +176,10 @@ fn spec_of(req: LoadModelRequest) -> Result<ModelSpec, ServiceError> {
         version: req.version,
         owned_by: req.owned_by,
         kv_cache_mib: req.kv_cache_mib,
-        // Not loadable through the admin API yet.
-        draft: None,
+        draft: req.draft,
+        draft_tokens: req.draft_tokens,
+        prompt_lookup_max: None,
+        prompt_lookup_min: None,
     })
 }
 
@@ -200,7 +224,7 @@ impl Admin for AdminService {
             .map_err(join_failed)?
             .map_err(load_failed)?;
         let entry = self.registry.insert(entry).await?;
-        tracing::info!(model = %entry.card.id, aliases = ?entry.card.aliases, "model loaded by the admin service");
+        tracing::info!(model = %entry.card.id, aliases = ?entry.card.aliases, draft = ?entry.card.draft, "model loaded by the admin service");
         tracing::info!(target: crate::access::AUDIT, model = %entry.card.id, aliases = ?entry.card.aliases, source = %entry.card.source, "model loaded");
         Ok(Response::new(LoadModelResponse {
             model: Some(entry.to_proto()),
@@ -253,9 +277,90 @@ impl Admin for AdminService {
                     kv_cache_bytes: e.card.kv_bytes,
                     running,
                     waiting,
+                    draft: e.card.draft.clone(),
                 }
             })
             .collect();
         Ok(Response::new(AdminListModelsResponse { models }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(req: LoadModelRequest) -> (String, &'static str, String) {
+        match spec_of(req).expect_err("refused") {
+            ServiceError::InvalidArgument {
+                field,
+                reason,
+                message,
+            } => (field, reason, message),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_draft_and_its_tokens_reach_the_spec() {
+        let spec = spec_of(LoadModelRequest {
+            source: "m".into(),
+            draft: Some("d.gguf".into()),
+            draft_tokens: Some(3),
+            ..LoadModelRequest::default()
+        })
+        .expect("ok");
+        assert_eq!(spec.draft.as_deref(), Some("d.gguf"));
+        assert_eq!(spec.draft_tokens, Some(3));
+        let plain = spec_of(LoadModelRequest {
+            source: "m".into(),
+            ..LoadModelRequest::default()
+        })
+        .expect("ok");
+        assert_eq!((plain.draft, plain.draft_tokens), (None, None));
+    }
+
+    #[test]
+    fn bad_draft_fields_are_named() {
+        let (field, reason, message) = field_of(LoadModelRequest {
+            source: "m".into(),
+            draft_tokens: Some(3),
+            ..LoadModelRequest::default()
+        });
+        assert_eq!((field.as_str(), reason), ("draft_tokens", "NO_DRAFT_MODEL"));
+        assert!(message.contains("needs a draft model"), "{message}");
+        let (field, reason, message) = field_of(LoadModelRequest {
+            source: "m".into(),
+            draft: Some("d".into()),
+            draft_tokens: Some(65),
+            ..LoadModelRequest::default()
+        });
+        assert_eq!((field.as_str(), reason), ("draft_tokens", "OUT_OF_RANGE"));
+        assert!(message.contains("between 0 and 64, got 65"), "{message}");
+        let (field, reason, _) = field_of(LoadModelRequest {
+            source: "m".into(),
+            draft: Some(" ".into()),
+            ..LoadModelRequest::default()
+        });
+        assert_eq!((field.as_str(), reason), ("draft", "EMPTY_DRAFT"));
+    }
+
+    #[test]
+    fn a_draft_that_fails_to_load_is_named_as_the_draft() {
+        let (field, reason, message) = match load_failed(LoadError::Draft(
+            "the draft model's vocabulary differs".into(),
+        )) {
+            ServiceError::InvalidArgument {
+                field,
+                reason,
+                message,
+            } => (field, reason, message),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((field.as_str(), reason), ("draft", "DRAFT_LOAD_FAILED"));
+        assert!(message.contains("vocabulary differs"));
+        assert!(matches!(
+            load_failed(LoadError::Load("x".into())),
+            ServiceError::InvalidArgument { field, .. } if field == "source"
+        ));
     }
 }

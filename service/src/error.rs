@@ -224,6 +224,7 @@ impl ServiceError {
                     "the engine is not running".into(),
                 ),
                 E::Load { .. }
+                | E::Draft(_)
                 | E::Unsupported(_)
                 | E::MissingWeight(_)
                 | E::Step(_)

@@ -9,7 +9,7 @@ use gyre_engine::{GenerateRequest, Sampling};
 use crate::chat::render_chat_input;
 use crate::error::ServiceError;
 use crate::reasoning::{ReasoningParser, Splitter};
-use crate::runtime::ModelRuntime;
+use crate::runtime::{ModelRuntime, SpeculationDefaults};
 use crate::tools::{FunctionSpec, ToolFormat};
 
 /// Most stop strings one request may give.
@@ -187,8 +187,8 @@ fn reasoning_of(
 /// `max_ngram_size` (transformers' `prompt_lookup_num_tokens` default).
 pub const DEFAULT_LOOKUP_TOKENS: u32 = 10;
 
-/// Longest n-gram matched unless a request says (transformers'
-/// `max_matching_ngram_size` default).
+/// Longest n-gram matched unless a request or the model says
+/// (transformers' `max_matching_ngram_size` default).
 pub const DEFAULT_MAX_NGRAM: u32 = 2;
 
 /// Tokens the draft model proposes per step when neither the request nor
@@ -207,7 +207,7 @@ type Speculate = (
 /// its `num_assistant_tokens` or `assistant_confidence_threshold` (not
 /// both), else the model's generation_config.json, else 5 tokens. On a
 /// model without one: prompt lookup, as `lookup` says.
-fn speculation(model: &ModelRuntime, req: &v1::Request) -> Result<Speculate, ServiceError> {
+fn speculation(model: &SpeculationDefaults, req: &v1::Request) -> Result<Speculate, ServiceError> {
     let lookup_asked =
         req.max_ngram_size.is_some() || req.prediction.as_deref().is_some_and(|p| !p.is_empty());
     if let Some(t) = req.assistant_confidence_threshold {
@@ -272,7 +272,7 @@ fn speculation(model: &ModelRuntime, req: &v1::Request) -> Result<Speculate, Ser
 
 /// A request's prompt-lookup settings: its own, else the model's default.
 fn lookup(
-    model: &ModelRuntime,
+    model: &SpeculationDefaults,
     req: &v1::Request,
 ) -> Result<Option<gyre_engine::Speculation>, ServiceError> {
     use gyre_engine::{MAX_NGRAM, MAX_SPECULATIVE_TOKENS};
@@ -298,12 +298,16 @@ fn lookup(
         req.max_ngram_size.is_some() || req.prediction.as_deref().is_some_and(|p| !p.is_empty());
     let num_tokens = match req.num_assistant_tokens {
         Some(k) => k,
-        None if asked && model.prompt_lookup_tokens == 0 => DEFAULT_LOOKUP_TOKENS,
-        None => model.prompt_lookup_tokens,
+        None if asked && model.lookup_tokens == 0 => DEFAULT_LOOKUP_TOKENS,
+        None => model.lookup_tokens,
     };
+    // The model's longest n-gram unless the request sends its own; the
+    // model's shortest, lowered to that when the request's is shorter.
+    let max_ngram = req.max_ngram_size.unwrap_or(model.max_ngram);
     Ok((num_tokens > 0).then(|| gyre_engine::Speculation {
         num_tokens,
-        max_ngram: req.max_ngram_size.unwrap_or(DEFAULT_MAX_NGRAM),
+        max_ngram,
+        min_ngram: model.min_ngram.min(max_ngram),
     }))
 }
 
@@ -639,7 +643,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         }
         (c, _) => c,
     };
-    let (speculation, draft) = speculation(&model, req)?;
+    let (speculation, draft) = speculation(&model.speculation, req)?;
     // Beam search does not speculate: the model's draft applies only when
     // the request asks for it (and the engine then refuses the mix).
     let asked = req.num_assistant_tokens.is_some() || req.assistant_confidence_threshold.is_some();
@@ -679,4 +683,90 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         admission: None,
         arrived: std::time::Instant::now(),
     })
+}
+
+#[cfg(test)]
+mod speculation_tests {
+    use super::*;
+    use crate::runtime::DraftDefaults;
+    use gyre_engine::{DraftSpeculation, Speculation};
+
+    fn lookup_of(model: &SpeculationDefaults, req: &v1::Request) -> Option<Speculation> {
+        let (lookup, draft) = speculation(model, req).expect("ok");
+        assert_eq!(draft, None);
+        lookup
+    }
+
+    #[test]
+    fn the_models_ngram_bounds_are_the_default() {
+        let model = SpeculationDefaults {
+            lookup_tokens: 6,
+            max_ngram: 4,
+            min_ngram: 2,
+            draft: None,
+        };
+        let spec = |num_tokens, max_ngram, min_ngram| {
+            Some(Speculation {
+                num_tokens,
+                max_ngram,
+                min_ngram,
+            })
+        };
+        assert_eq!(lookup_of(&model, &v1::Request::default()), spec(6, 4, 2));
+        // A request's longest n-gram replaces the model's; the shortest is
+        // lowered to it when it is shorter.
+        let req = |max_ngram_size, num_assistant_tokens| v1::Request {
+            max_ngram_size,
+            num_assistant_tokens,
+            ..v1::Request::default()
+        };
+        assert_eq!(lookup_of(&model, &req(Some(7), None)), spec(6, 7, 2));
+        assert_eq!(lookup_of(&model, &req(Some(1), Some(3))), spec(3, 1, 1));
+        assert_eq!(lookup_of(&model, &req(None, Some(0))), None);
+        // Without a server or model setting: off, and a request that asks
+        // gets transformers' n-grams (2 down to 1).
+        let plain = SpeculationDefaults::default();
+        assert_eq!(lookup_of(&plain, &v1::Request::default()), None);
+        assert_eq!(
+            lookup_of(&plain, &req(None, Some(5))),
+            spec(5, DEFAULT_MAX_NGRAM, 1)
+        );
+        assert_eq!(
+            lookup_of(&plain, &req(Some(3), None)),
+            spec(DEFAULT_LOOKUP_TOKENS, 3, 1)
+        );
+    }
+
+    #[test]
+    fn the_models_draft_tokens_are_the_default_and_a_request_overrides_them() {
+        let model = SpeculationDefaults {
+            draft: Some(DraftDefaults {
+                num_tokens: Some(3),
+                confidence_threshold: None,
+            }),
+            ..SpeculationDefaults::default()
+        };
+        let draft = |req: &v1::Request| speculation(&model, req).expect("ok");
+        let d = |num_tokens| {
+            Some(DraftSpeculation {
+                num_tokens,
+                confidence_threshold: None,
+            })
+        };
+        assert_eq!(draft(&v1::Request::default()), (None, d(3)));
+        let own = v1::Request {
+            num_assistant_tokens: Some(7),
+            ..v1::Request::default()
+        };
+        assert_eq!(draft(&own), (None, d(7)));
+        // Without any setting: 5.
+        let unset = SpeculationDefaults {
+            draft: Some(DraftDefaults::default()),
+            ..SpeculationDefaults::default()
+        };
+        assert_eq!(
+            speculation(&unset, &v1::Request::default()).expect("ok"),
+            (None, d(DEFAULT_DRAFT_TOKENS))
+        );
+    }
 }

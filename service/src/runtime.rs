@@ -32,10 +32,35 @@ pub struct ModelRuntime {
     pub reasoning_choice: ParserChoice,
     /// The reasoning markers of the model's template, when it has any.
     pub reasoning: Option<ReasoningParser>,
+    /// What a request that says nothing of speculation gets.
+    pub speculation: SpeculationDefaults,
+}
+
+/// A model's speculation defaults, for requests that do not set them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpeculationDefaults {
     /// Tokens prompt lookup proposes per step by default (0: off).
-    pub prompt_lookup_tokens: u32,
+    pub lookup_tokens: u32,
+    /// Longest n-gram prompt lookup matches unless a request sends
+    /// `max_ngram_size`.
+    pub max_ngram: u32,
+    /// Shortest n-gram prompt lookup matches (lowered to a request's
+    /// `max_ngram_size` when that is shorter).
+    pub min_ngram: u32,
     /// The draft model's defaults, when the model has one.
     pub draft: Option<DraftDefaults>,
+}
+
+impl Default for SpeculationDefaults {
+    /// Prompt lookup off; transformers' n-grams (2 down to 1); no draft.
+    fn default() -> Self {
+        Self {
+            lookup_tokens: 0,
+            max_ngram: crate::request::DEFAULT_MAX_NGRAM,
+            min_ngram: 1,
+            draft: None,
+        }
+    }
 }
 
 /// Speculation defaults for a model served with a draft model: its
@@ -90,6 +115,16 @@ pub struct TextOptions {
     /// `--prompt-lookup-tokens`: prompt-lookup decoding by default, with
     /// this many tokens proposed per step (0: off unless a request asks).
     pub prompt_lookup_tokens: u32,
+    /// Longest n-gram prompt lookup matches by default (None: 2,
+    /// transformers' default); from `--speculative-config`.
+    pub prompt_lookup_max: Option<u32>,
+    /// Shortest n-gram prompt lookup matches (None: 1, transformers'
+    /// search); from `--speculative-config`.
+    pub prompt_lookup_min: Option<u32>,
+    /// Tokens the draft model proposes per step by default, instead of the
+    /// model's generation_config.json `num_assistant_tokens` (None: that,
+    /// else 5).
+    pub draft_tokens: Option<u32>,
 }
 
 fn load_err(dir: &Path, what: impl std::fmt::Display) -> anyhow::Error {
@@ -225,7 +260,11 @@ impl ModelRuntime {
             load_text_with(dir, text.chat_template.as_deref())?;
         tracing::info!(model = %dir.display(), "loading model");
         let started = std::time::Instant::now();
-        let engine = Engine::start(opts).map_err(|e| load_err(dir, e))?;
+        // The engine's error stays in the chain, so that the registry can
+        // tell a draft model's failure from the model's.
+        let engine = Engine::start(opts).map_err(|e| {
+            anyhow::Error::new(e).context(format!("cannot load model from {}", dir.display()))
+        })?;
         let info = engine.info();
         let draft = info.draft_model.is_some();
         let grammars = match crate::structured::Grammars::load(&tokenizer_json, info) {
@@ -275,8 +314,20 @@ impl ModelRuntime {
             tool_call_parser: text.tool_call_parser,
             reasoning_choice: text.reasoning_parser,
             reasoning,
-            prompt_lookup_tokens: text.prompt_lookup_tokens,
-            draft: draft.then(|| DraftDefaults::read(dir)),
+            speculation: SpeculationDefaults {
+                lookup_tokens: text.prompt_lookup_tokens,
+                max_ngram: text
+                    .prompt_lookup_max
+                    .unwrap_or(crate::request::DEFAULT_MAX_NGRAM),
+                min_ngram: text.prompt_lookup_min.unwrap_or(1),
+                draft: draft.then(|| {
+                    let mut d = DraftDefaults::read(dir);
+                    if let Some(k) = text.draft_tokens {
+                        d.num_tokens = Some(k);
+                    }
+                    d
+                }),
+            },
         })
     }
 

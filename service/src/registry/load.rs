@@ -59,6 +59,10 @@ pub enum LoadError {
     Resolve(#[from] resolve::ResolveError),
     #[error("{0}")]
     Load(String),
+    /// The model's draft model could not be loaded beside it (another
+    /// vocabulary, a checkpoint that does not load).
+    #[error("{0}")]
+    Draft(String),
 }
 
 /// The id a model gets without a `name`: the hub id, else the directory's
@@ -115,7 +119,7 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
     };
     let kv_budget = spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
     let embedding = gyre_engine::encoder::is_embedding_model(&resolved.path);
-    let budget = Budget {
+    let mut budget = Budget {
         name: id.clone(),
         weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element),
         // An encoder keeps no cache between requests.
@@ -125,6 +129,19 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
             memory::kv_bytes(&resolved.path, kv_budget, geometry)
         },
     };
+    // A draft model's weights and pool count with its model's.
+    if let Some(draft) = spec.draft.as_deref().filter(|_| !embedding) {
+        let draft = std::path::Path::new(draft);
+        budget.weights_bytes = budget
+            .weights_bytes
+            .saturating_add(memory::weights_bytes(draft, bytes_per_element));
+        budget.kv_bytes = budget.kv_bytes.saturating_add(memory::draft_kv_bytes(
+            &resolved.path,
+            budget.kv_bytes,
+            draft,
+            geometry,
+        ));
+    }
     Ok(Planned {
         spec,
         path: resolved.path,
@@ -167,8 +184,23 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     if let Some(k) = p.spec.prompt_lookup {
         text.prompt_lookup_tokens = k;
     }
-    let mut rt = ModelRuntime::load(opts, Some(p.id.clone()), text)
-        .map_err(|e| LoadError::Load(format!("{e:#}")))?;
+    text.prompt_lookup_max = p.spec.prompt_lookup_max.or(text.prompt_lookup_max);
+    text.prompt_lookup_min = p.spec.prompt_lookup_min.or(text.prompt_lookup_min);
+    text.draft_tokens = p.spec.draft_tokens.or(text.draft_tokens);
+    let mut rt = ModelRuntime::load(opts, Some(p.id.clone()), text).map_err(|e| {
+        let message = format!("{e:#}");
+        let draft = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<gyre_engine::EngineError>(),
+                Some(gyre_engine::EngineError::Draft(_))
+            )
+        });
+        if draft {
+            LoadError::Draft(message)
+        } else {
+            LoadError::Load(message)
+        }
+    })?;
     if let Some(owner) = &p.spec.owned_by {
         rt.owned_by.clone_from(owner);
     }
@@ -181,6 +213,12 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
 
 /// Loads a planned embedding model (blocking).
 fn load_embedding(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
+    if let Some(draft) = &p.spec.draft {
+        return Err(LoadError::Draft(format!(
+            "{}: an embedding model takes no draft model (got {draft})",
+            p.path.display()
+        )));
+    }
     let mut opts = EmbedOptions::new(p.path.clone());
     opts.device = d.device;
     opts.load_progress = d.load_progress.clone();
@@ -212,6 +250,7 @@ fn card(p: Planned, owned_by: String, created: i64) -> Card {
         source: p.path.display().to_string(),
         reserved_bytes: p.budget.total(),
         kv_bytes: p.budget.kv_bytes,
+        draft: p.spec.draft,
     }
 }
 

@@ -111,29 +111,10 @@ pub struct KvGeometry {
 /// block count. Keys and values of every layer's KV heads; a config that
 /// cannot be read leaves the budget as it is.
 pub fn kv_bytes(path: &Path, budget: u64, g: KvGeometry) -> u64 {
-    use gyre_engine::internals::ModelConfig;
-    let config = if gyre_engine::gguf::is_gguf(path) {
-        gyre_engine::gguf::GgufFile::open(path)
-            .ok()
-            .and_then(|f| gyre_engine::gguf::model::config(&f).ok())
-    } else {
-        ModelConfig::from_dir(path).ok()
-    };
-    let Some(c) = config else {
+    let Some((per_block, context)) = kv_block(path, g) else {
         return budget;
     };
-    let dims = [
-        c.num_layers,
-        c.num_kv_heads,
-        c.head_dim,
-        c.max_position_embeddings,
-    ];
-    let [layers, heads, head_dim, context] = dims.map(|v| u64::try_from(v).unwrap_or(0));
     let bs = g.block_size.max(1);
-    let per_block = 2 * layers * heads * head_dim * bs * g.element_bytes;
-    if per_block == 0 {
-        return budget;
-    }
     let blocks = match g.num_blocks {
         Some(n) => n,
         None => {
@@ -142,6 +123,41 @@ pub fn kv_bytes(path: &Path, budget: u64, g: KvGeometry) -> u64 {
         }
     };
     blocks.saturating_mul(per_block)
+}
+
+/// The bytes of one KV block of the model at `path` (keys and values of
+/// every layer's KV heads) and its context length; None when its config
+/// cannot be read or gives no cache.
+fn kv_block(path: &Path, g: KvGeometry) -> Option<(u64, u64)> {
+    use gyre_engine::internals::ModelConfig;
+    let c = if gyre_engine::gguf::is_gguf(path) {
+        gyre_engine::gguf::GgufFile::open(path)
+            .ok()
+            .and_then(|f| gyre_engine::gguf::model::config(&f).ok())
+    } else {
+        ModelConfig::from_dir(path).ok()
+    }?;
+    let dims = [
+        c.num_layers,
+        c.num_kv_heads,
+        c.head_dim,
+        c.max_position_embeddings,
+    ];
+    let [layers, heads, head_dim, context] = dims.map(|v| u64::try_from(v).unwrap_or(0));
+    let per_block = 2 * layers * heads * head_dim * g.block_size.max(1) * g.element_bytes;
+    (per_block > 0).then_some((per_block, context))
+}
+
+/// The bytes of a draft model's KV pool: as many blocks as its model's
+/// pool (`model_kv_bytes` of the model at `model`), each of the draft's
+/// size. 0 when either config cannot be read.
+pub fn draft_kv_bytes(model: &Path, model_kv_bytes: u64, draft: &Path, g: KvGeometry) -> u64 {
+    match (kv_block(model, g), kv_block(draft, g)) {
+        (Some((model_block, _)), Some((draft_block, _))) => (model_kv_bytes / model_block)
+            .max(1)
+            .saturating_mul(draft_block),
+        _ => 0,
+    }
 }
 
 fn safetensors_elements(dir: &Path) -> u64 {
@@ -221,6 +237,40 @@ mod tests {
         let text = "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n";
         assert_eq!(parse_meminfo(text), Some(8_000_000 * 1024));
         assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn a_draft_pool_has_its_models_blocks_of_its_own_size() {
+        let config = |layers: u32| {
+            let dir = tempfile::tempdir().expect("ok");
+            let cfg = serde_json::json!({
+                "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "num_hidden_layers": layers, "intermediate_size": 172, "vocab_size": 100,
+                "max_position_embeddings": 2048, "rms_norm_eps": 1e-6
+            });
+            std::fs::write(dir.path().join("config.json"), cfg.to_string()).expect("ok");
+            dir
+        };
+        let (model, draft) = (config(2), config(1));
+        let g = KvGeometry {
+            block_size: 16,
+            max_running: 1,
+            num_blocks: None,
+            element_bytes: 4,
+        };
+        // 2 layers x 2 KV heads x 16 dims x 16 tokens x (K, V) x 4 bytes:
+        // 8 KiB a block, 128 blocks in 1 MiB; the 1-layer draft's blocks
+        // are half as big.
+        let kv = kv_bytes(model.path(), 1 << 20, g);
+        assert_eq!(kv, 128 * 8192);
+        assert_eq!(
+            draft_kv_bytes(model.path(), kv, draft.path(), g),
+            128 * 4096
+        );
+        // A config that cannot be read counts nothing.
+        let none = tempfile::tempdir().expect("ok");
+        assert_eq!(draft_kv_bytes(model.path(), kv, none.path(), g), 0);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod load;
 pub mod memory;
 pub mod spec;
+pub mod speculative;
 
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -63,8 +64,10 @@ pub struct Card {
     /// Bytes its budget reserves (weights and KV cache), for admission of
     /// later models.
     pub reserved_bytes: u64,
-    /// Of which the KV cache.
+    /// Of which the KV cache (a draft model's pool included).
     pub kv_bytes: u64,
+    /// Its draft model's path, as given, when it has one.
+    pub draft: Option<String>,
 }
 
 /// One served model.

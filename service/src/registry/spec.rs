@@ -31,6 +31,16 @@ pub struct ModelSpec {
     /// A draft model for speculative decoding (a GGUF file or HuggingFace
     /// directory with this model's vocabulary).
     pub draft: Option<String>,
+    /// Tokens the draft proposes per step by default, 0 to 64 (instead of
+    /// generation_config.json's `num_assistant_tokens`; only with `draft`).
+    pub draft_tokens: Option<u32>,
+    /// Longest n-gram prompt lookup matches by default (1 to 16; default
+    /// 2). Set by `--speculative-config`'s `prompt_lookup_max`.
+    pub prompt_lookup_max: Option<u32>,
+    /// Shortest n-gram prompt lookup matches (1 to 16, at most the
+    /// longest; default 1). Set by `--speculative-config`'s
+    /// `prompt_lookup_min`.
+    pub prompt_lookup_min: Option<u32>,
 }
 
 /// A `--model` argument or config entry that cannot be used.
@@ -39,11 +49,11 @@ pub enum SpecError {
     #[error("--model `{0}`: the source (before the first comma) is empty")]
     EmptySource(String),
     #[error(
-        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft)"
+        "--model `{arg}`: `{item}` is not key=value (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft, draft_tokens)"
     )]
     NotKeyValue { arg: String, item: String },
     #[error(
-        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft)"
+        "--model `{arg}`: unknown key `{key}` (keys: name, alias, version, revision, deprecated, sunset, owned_by, kv_cache_mib, prompt_lookup, draft, draft_tokens)"
     )]
     UnknownKey { arg: String, key: String },
     #[error("--model `{arg}`: `{key}` is given twice")]
@@ -52,19 +62,22 @@ pub enum SpecError {
     BadDate { what: String, value: String },
     #[error("--model `{arg}`: kv_cache_mib `{value}` is not a whole number of MiB")]
     BadNumber { arg: String, value: String },
-    #[error("{what}: prompt_lookup `{value}` is not a number of tokens from 0 to {max}")]
+    #[error("{what}: {key} `{value}` is not a number of tokens from 0 to {max}")]
     BadLookup {
         what: String,
+        key: &'static str,
         value: String,
         max: u32,
     },
+    #[error("{what}: draft_tokens needs a draft model (`draft`)")]
+    DraftTokensWithoutDraft { what: String },
     #[error("{what}: `{key}` must not be empty")]
     Empty { what: String, key: String },
     #[error("config file {path}: {message}")]
     Config { path: String, message: String },
 }
 
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "name",
     "alias",
     "version",
@@ -75,6 +88,7 @@ const KEYS: [&str; 10] = [
     "kv_cache_mib",
     "prompt_lookup",
     "draft",
+    "draft_tokens",
 ];
 
 impl ModelSpec {
@@ -88,7 +102,7 @@ impl ModelSpec {
 
     /// Parses `path[,name=N][,alias=A]...[,version=V][,revision=R]
     /// [,deprecated=DATE][,sunset=DATE][,owned_by=O][,kv_cache_mib=M]
-    /// [,prompt_lookup=K][,draft=PATH]`.
+    /// [,prompt_lookup=K][,draft=PATH][,draft_tokens=K]`.
     /// The source is everything before the first comma.
     pub fn parse(arg: &str) -> Result<Self, SpecError> {
         let mut parts = arg.split(',');
@@ -161,7 +175,19 @@ impl ModelSpec {
                 }
                 "prompt_lookup" => {
                     once(spec.prompt_lookup.is_some())?;
-                    spec.prompt_lookup = Some(lookup_tokens(value, &format!("--model `{arg}`"))?);
+                    spec.prompt_lookup = Some(tokens_per_step(
+                        "prompt_lookup",
+                        value,
+                        &format!("--model `{arg}`"),
+                    )?);
+                }
+                "draft_tokens" => {
+                    once(spec.draft_tokens.is_some())?;
+                    spec.draft_tokens = Some(tokens_per_step(
+                        "draft_tokens",
+                        value,
+                        &format!("--model `{arg}`"),
+                    )?);
                 }
                 _ => {
                     once(spec.kv_cache_mib.is_some())?;
@@ -171,6 +197,11 @@ impl ModelSpec {
                     })?);
                 }
             }
+        }
+        if spec.draft_tokens.is_some() && spec.draft.is_none() {
+            return Err(SpecError::DraftTokensWithoutDraft {
+                what: format!("--model `{arg}`"),
+            });
         }
         Ok(spec)
     }
@@ -199,10 +230,12 @@ struct ConfigModel {
     kv_cache_mib: Option<u64>,
     prompt_lookup: Option<u32>,
     draft: Option<String>,
+    draft_tokens: Option<u32>,
 }
 
-/// Prompt-lookup tokens per step, checked against the engine's maximum.
-fn lookup_tokens(value: &str, what: &str) -> Result<u32, SpecError> {
+/// Speculative tokens per step (`key`'s value), checked against the
+/// engine's maximum.
+fn tokens_per_step(key: &'static str, value: &str, what: &str) -> Result<u32, SpecError> {
     let max = gyre_engine::MAX_SPECULATIVE_TOKENS;
     value
         .parse::<u32>()
@@ -210,6 +243,7 @@ fn lookup_tokens(value: &str, what: &str) -> Result<u32, SpecError> {
         .filter(|&k| k <= max)
         .ok_or_else(|| SpecError::BadLookup {
             what: what.into(),
+            key,
             value: value.into(),
             max,
         })
@@ -245,10 +279,18 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
                     key: "aliases".into(),
                 });
             }
+            let entry = format!("config file {path}: models[{i}]");
             let prompt_lookup = m
                 .prompt_lookup
-                .map(|k| lookup_tokens(&k.to_string(), &format!("config file {path}: models[{i}]")))
+                .map(|k| tokens_per_step("prompt_lookup", &k.to_string(), &entry))
                 .transpose()?;
+            let draft_tokens = m
+                .draft_tokens
+                .map(|k| tokens_per_step("draft_tokens", &k.to_string(), &entry))
+                .transpose()?;
+            if draft_tokens.is_some() && m.draft.is_none() {
+                return Err(SpecError::DraftTokensWithoutDraft { what: entry });
+            }
             Ok(ModelSpec {
                 source: m.source,
                 revision: m.revision,
@@ -269,6 +311,9 @@ pub fn parse_config(text: &str, path: &str) -> Result<Vec<ModelSpec>, SpecError>
                 kv_cache_mib: m.kv_cache_mib,
                 prompt_lookup,
                 draft: m.draft,
+                draft_tokens,
+                prompt_lookup_max: None,
+                prompt_lookup_min: None,
             })
         })
         .collect()

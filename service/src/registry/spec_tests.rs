@@ -13,7 +13,7 @@ fn a_plain_path_is_only_a_source() {
 #[test]
 fn every_key_of_a_model_argument_is_read() {
     let spec = ModelSpec::parse(
-        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64,prompt_lookup=8,draft=m/d.gguf",
+        "m/a.gguf,name=chat, alias=gpt-4o-mini,alias=small,version=2026-11-01,revision=v2,deprecated=2026-12-31,sunset=2027-03-31,owned_by=acme,kv_cache_mib=64,prompt_lookup=8,draft=m/d.gguf,draft_tokens=3",
     )
     .expect("ok");
     assert_eq!(
@@ -30,6 +30,9 @@ fn every_key_of_a_model_argument_is_read() {
             kv_cache_mib: Some(64),
             prompt_lookup: Some(8),
             draft: Some("m/d.gguf".into()),
+            draft_tokens: Some(3),
+            prompt_lookup_max: None,
+            prompt_lookup_min: None,
         }
     );
 }
@@ -58,6 +61,29 @@ fn bad_model_arguments_say_what_is_wrong() {
         );
         assert!(e.to_string().contains("prompt_lookup"), "{e}");
     }
+    for bad in ["p,draft=d,draft_tokens=65", "p,draft=d,draft_tokens=x"] {
+        let e = err(bad);
+        assert!(
+            matches!(
+                e,
+                SpecError::BadLookup {
+                    key: "draft_tokens",
+                    max: 64,
+                    ..
+                }
+            ),
+            "{bad}: {e}"
+        );
+    }
+    let e = err("p,draft_tokens=3");
+    assert!(
+        matches!(e, SpecError::DraftTokensWithoutDraft { .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("draft_tokens needs a draft model"),
+        "{e}"
+    );
     let e = err("p,deprecated=31/12/2026");
     assert!(matches!(e, SpecError::BadDate { .. }));
     assert!(e.to_string().contains("deprecated"), "{e}");
@@ -75,6 +101,7 @@ fn a_config_file_lists_models_in_order() {
         kv_cache_mib = 32
         prompt_lookup = 12
         draft = "a-draft.gguf"
+        draft_tokens = 4
 
         [[models]]
         source = "org/name"
@@ -93,6 +120,8 @@ fn a_config_file_lists_models_in_order() {
     assert_eq!(specs[1].prompt_lookup, None);
     assert_eq!(specs[0].draft.as_deref(), Some("a-draft.gguf"));
     assert_eq!(specs[1].draft, None);
+    assert_eq!(specs[0].draft_tokens, Some(4));
+    assert_eq!(specs[1].draft_tokens, None);
     assert_eq!(specs[0].sunset, None);
     assert_eq!(specs[1].source, "org/name");
     assert_eq!(specs[1].revision.as_deref(), Some("main"));
@@ -114,6 +143,29 @@ fn config_file_errors_name_the_file_and_the_entry() {
     // A missing source.
     let e = parse_config("[[models]]\nname = \"x\"\n", "m.toml").expect_err("an error");
     assert!(e.to_string().contains("source"), "{e}");
+    // draft_tokens without a draft, or out of range, names its entry.
+    let e = parse_config("[[models]]\nsource = \"a\"\ndraft_tokens = 3\n", "m.toml")
+        .expect_err("an error");
+    assert!(
+        e.to_string()
+            .contains("m.toml: models[0]: draft_tokens needs a draft model"),
+        "{e}"
+    );
+    let e = parse_config(
+        "[[models]]\nsource = \"a\"\ndraft = \"d\"\ndraft_tokens = 65\n",
+        "m.toml",
+    )
+    .expect_err("an error");
+    assert!(
+        matches!(
+            e,
+            SpecError::BadLookup {
+                key: "draft_tokens",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Not TOML.
     assert!(matches!(
         parse_config("[[models]\n", "m.toml"),
