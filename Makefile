@@ -20,7 +20,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat node models clients clients-ts build serve test test-rust test-e2e test-fuzz lint bench prometheus
+.PHONY: help setup venv compat node models clients clients-ts build serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -100,7 +100,19 @@ prometheus:
 	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; \
 	  else echo "prometheus is not installed (apt-get install prometheus): tests/test_metrics.py will fail"; fi; }
 
-test-e2e: setup build prometheus compat
+# Chromium (the Debian package), which tests/test_playground.py drives with
+# Playwright (no browser download: the test launches this one): installed
+# with apt-get when missing and running as root (CI), with a font for the
+# page's text; else this says how, and that test fails with the same message.
+CHROMIUM_PACKAGES := chromium fonts-dejavu-core
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES) \
+	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }; \
+	  else echo "chromium is not installed (apt-get install chromium): tests/test_playground.py will fail"; fi; }
+
+test-e2e: setup build prometheus chromium compat
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
 	  GYRE_COMPAT_VENV=$(COMPAT_VENV) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \

@@ -397,6 +397,9 @@ struct HttpArgs {
     cors_allow_origin: Vec<String>,
     #[command(flatten)]
     idempotency: gyre_shim::idempotency::IdempotencyArgs,
+    /// The playground page (`/playground`).
+    #[command(flatten)]
+    playground: gyre_shim::playground::PlaygroundArgs,
     /// SSE heartbeat and the HTTP API's gRPC client keepalive.
     #[command(flatten)]
     keepalive: gyre_shim::keepalive::KeepaliveArgs,
@@ -743,9 +746,16 @@ async fn run() -> anyhow::Result<()> {
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let grpc_tls = tls.as_ref().map(|t| t.acceptor(true)).transpose()?;
+    // The playground page on the HTTP port calls this port over gRPC-Web:
+    // CORS here for that page's origin only (see gyre_shim::playground).
+    let playground = http
+        .as_ref()
+        .filter(|(_, h)| !h.playground.no_playground)
+        .map(|_| gyre_shim::playground::GrpcCors::new(tls.is_some()));
+    let key_required = grpc.api_key.is_some() || grpc.keys_file.is_some();
     let grpc_task = tokio::spawn(gyre_shim::conn::serve_tls(
         grpc_listener,
-        grpc_routes,
+        gyre_shim::playground::grpc_service(grpc_routes, playground.as_ref()),
         limits,
         grpc_tls,
         shutdown_signal(stop_rx.clone()),
@@ -783,8 +793,19 @@ async fn run() -> anyhow::Result<()> {
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
             http.keepalive.apply(&mut cfg);
+            if let Some(cors) = &playground {
+                cors.set_http_port(local.port());
+                cfg.playground = Some(gyre_shim::playground::Settings {
+                    grpc_scheme: scheme,
+                    grpc_port: grpc_local.port(),
+                    key_required,
+                });
+            }
             let state = gyre_shim::connect(cfg).await?.with_metrics(metrics);
             announce(format!("gyre: HTTP listening on {scheme}://{local}"));
+            if playground.is_some() {
+                announce(format!("gyre: playground at {scheme}://{local}/playground"));
+            }
             let http_tls = tls.as_ref().map(|t| t.acceptor(false)).transpose()?;
             Some(tokio::spawn(gyre_shim::serve_tls(
                 listener,

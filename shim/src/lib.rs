@@ -10,7 +10,8 @@
 //! parsing with precise `param`s), [`limits`] (the edge's nesting and size
 //! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
-//! configured), [`observe`] and [`telemetry`] (request ids, spans, access
+//! configured), [`playground`] (the web page of `gyre serve` and the gRPC
+//! port's CORS for it), [`observe`] and [`telemetry`] (request ids, spans, access
 //! log lines), [`conn`] (accepting and limiting connections, for this port
 //! and the service's), [`tls`] (rustls for both ports and the hop to the
 //! service), [`idempotency`] (`Idempotency-Key` replays). The Responses API has its own JSON mapping
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod notice;
 pub mod observe;
 pub mod openai;
+pub mod playground;
 pub mod pool;
 pub mod responses_upstream;
 pub mod routes;
@@ -100,6 +102,9 @@ pub struct ShimConfig {
     pub upstream_keepalive_timeout: Duration,
     /// Who may read `/metrics` (see [`metrics::Access`]).
     pub metrics_access: metrics::Access,
+    /// Serve the playground page at `/playground` (see [`playground`]);
+    /// `None`: no such routes.
+    pub playground: Option<playground::Settings>,
 }
 
 /// Largest response header block the shim accepts from the service. h2
@@ -126,6 +131,7 @@ impl ShimConfig {
             upstream_keepalive_interval: Some(keepalive::UPSTREAM_KEEPALIVE_INTERVAL),
             upstream_keepalive_timeout: keepalive::UPSTREAM_KEEPALIVE_TIMEOUT,
             metrics_access: metrics::Access::AsRoutes,
+            playground: None,
         }
     }
 }
@@ -153,6 +159,8 @@ pub struct AppState {
     pub(crate) metrics: Option<metrics::Metrics>,
     /// Who may read `/metrics`.
     pub(crate) metrics_access: metrics::Access,
+    /// The playground's settings, when it is served.
+    pub(crate) playground: Option<Arc<playground::Settings>>,
 }
 
 impl AppState {
@@ -207,6 +215,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
         sse_heartbeat: cfg.sse_heartbeat,
         metrics: None,
         metrics_access: cfg.metrics_access,
+        playground: cfg.playground.map(Arc::new),
     })
 }
 
@@ -232,6 +241,10 @@ pub fn router(state: AppState) -> Router {
             "/metrics",
             get(|State(s): State<AppState>| metrics::handler(s.metrics)),
         );
+    let router = match state.playground.as_deref() {
+        Some(settings) => playground::add_routes(router, settings),
+        None => router,
+    };
     let router = responses_routes(router)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
@@ -335,9 +348,11 @@ async fn authenticate(
 ) -> Result<Response, ApiError> {
     let path = req.uri().path();
     let metrics_access = (path == "/metrics").then_some(&state.metrics_access);
-    // Probes (load balancers, orchestrators) carry no key.
+    // Probes (load balancers, orchestrators) carry no key, nor does a
+    // browser loading the playground (its page sends the key itself).
     let open = matches!(path, "/health" | "/version")
-        || matches!(metrics_access, Some(metrics::Access::Open));
+        || matches!(metrics_access, Some(metrics::Access::Open))
+        || (state.playground.is_some() && playground::is_playground_path(path));
     if let Some(metrics::Access::Keys(known)) = metrics_access {
         if !known(bearer(&req)?) {
             return Err(ApiError::invalid_api_key());
