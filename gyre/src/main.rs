@@ -176,8 +176,9 @@ struct ModelArgs {
     prompt_lookup_tokens: Option<u32>,
     /// Speculative decoding with a draft model: a smaller model with the
     /// same tokenizer (a GGUF file or HuggingFace directory), loaded beside
-    /// the model with a KV cache of its own; its greedy proposals are
-    /// verified by the model so the output is unchanged. Requests then use
+    /// the model with a KV cache of its own; its proposals (argmax for
+    /// greedy requests, drawn for sampled ones) are verified by the model
+    /// so the output's distribution is unchanged. Requests then use
     /// it by default (`num_assistant_tokens` / `assistant_confidence_threshold`;
     /// 5 tokens unless generation_config.json says). A draft whose vocabulary
     /// differs is refused at load. Only with a single model (else give each
