@@ -83,6 +83,22 @@ def model_server(start_server):
 
 
 @pytest.fixture(scope="session")
+def default_server() -> harness.Server:
+    """`gyre serve` with no model argument: the real default model
+    (SmolLM2-135M-Instruct), as a user's first command serves it. Shared by
+    the modules that test that model through the tools users run."""
+    harness.require_file(harness.MODELS / "smollm2-135m-instruct.gguf",
+                         "the default model SmolLM2-135M-Instruct (make models)")
+    server = harness.Server.start([str(harness.GYRE_BIN), "serve",
+                                   "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+    yield server
+    server.stop()
+    log = server.stderr()
+    server.remove_log()
+    assert "panicked" not in log, f"the default model's server panicked; stderr:\n{log[-4000:]}"
+
+
+@pytest.fixture(scope="session")
 def qwen(model_server) -> harness.Server:
     """The shared `gyre serve` of tiny-qwen2 (both gRPC and HTTP)."""
     return model_server(QWEN)

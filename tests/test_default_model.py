@@ -19,16 +19,6 @@ import harness
 REFS = harness.REPO / ".gyre" / "gguf-ref" / "manifest.json"
 
 
-@pytest.fixture(scope="module")
-def default_server():
-    server = harness.Server.start([str(harness.GYRE_BIN), "serve",
-                                   "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-    yield server
-    server.stop()
-    assert "panicked" not in server.stderr()
-    server.remove_log()
-
-
 def test_no_argument_serve_answers_like_transformers(default_server):
     refs = json.loads(harness.require_file(REFS, "the GGUF references (make models)").read_text())
     case = refs["transformers"]["cases"][0]

@@ -38,18 +38,8 @@ class GetWeather(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = harness.Server.start([str(harness.GYRE_BIN), "serve",
-                              "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-    yield s
-    s.stop()
-    assert "panicked" not in s.stderr()
-    s.remove_log()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="unused",
+def client(default_server):
+    return openai.OpenAI(base_url=f"http://{default_server.http}/v1", api_key="unused",
                          max_retries=0, timeout=120)
 
 
