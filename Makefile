@@ -56,23 +56,24 @@ $(VENV)/.installed: requirements-dev.txt requirements-models.txt
 	@ln -sfn $(VENV) .venv
 	@touch $@
 
-# Recreated from scratch when requirements-compat.txt changes, so it holds
-# exactly what the file pins.
+# The tools' venvs (compat: LangChain and LiteLLM; aiperf: NVIDIA AIPerf)
+# are recreated from scratch when their requirements file changes, so each
+# holds exactly what its file pins. $(call fresh_venv,DIR,REQUIREMENTS)
+define fresh_venv
+	@mkdir -p $(GYRE_CACHE)
+	rm -rf $(1)
+	python3 -m venv $(1)
+	$(1)/bin/python -m pip install -q --disable-pip-version-check -r $(2)
+	@touch $(1)/.installed
+endef
+
 compat: $(COMPAT_VENV)/.installed
 $(COMPAT_VENV)/.installed: requirements-compat.txt
-	@mkdir -p $(GYRE_CACHE)
-	rm -rf $(COMPAT_VENV)
-	python3 -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-compat.txt
-	@touch $@
+	$(call fresh_venv,$(COMPAT_VENV),requirements-compat.txt)
 
 aiperf: $(AIPERF_VENV)/.installed
 $(AIPERF_VENV)/.installed: requirements-aiperf.txt
-	@mkdir -p $(GYRE_CACHE)
-	rm -rf $(AIPERF_VENV)
-	python3 -m venv $(AIPERF_VENV)
-	$(AIPERF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-aiperf.txt
-	@touch $@
+	$(call fresh_venv,$(AIPERF_VENV),requirements-aiperf.txt)
 
 node: node_modules/.bin/buf
 node_modules/.bin/buf: package.json
