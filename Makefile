@@ -74,8 +74,9 @@ $(AIPERF_VENV)/.installed: requirements-aiperf.txt
 	$(AIPERF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-aiperf.txt
 	@touch $@
 
-node: node_modules/.bin/buf
-node_modules/.bin/buf: package.json
+# The test-side npm tools (package.json): buf, the OpenAI Node SDK, esbuild.
+node: node_modules/.installed
+node_modules/.installed: package.json package-lock.json
 	npm install --no-audit --no-fund --silent
 	@touch $@
 
