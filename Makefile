@@ -75,8 +75,9 @@ aiperf: $(AIPERF_VENV)/.installed
 $(AIPERF_VENV)/.installed: requirements-aiperf.txt
 	$(call fresh_venv,$(AIPERF_VENV),requirements-aiperf.txt)
 
-node: node_modules/.bin/buf
-node_modules/.bin/buf: package.json
+# The test-side npm tools (package.json): buf, the OpenAI Node SDK, esbuild.
+node: node_modules/.installed
+node_modules/.installed: package.json package-lock.json
 	npm install --no-audit --no-fund --silent
 	@touch $@
 

@@ -115,3 +115,62 @@ def test_standalone_shim_takes_cors_origin(qwen):
     finally:
         shim.stop()
         shim.remove_log()
+
+
+# ---------------------------------------------------------------------------
+# The gRPC port (gRPC-Web)
+
+GRPC_WEB_HEADERS = "authorization,content-type,x-grpc-web,x-user-agent"
+# An empty ListModelsRequest in one gRPC-Web data frame.
+LIST_MODELS = b"\x00\x00\x00\x00\x00"
+
+
+def grpc_preflight(address: str, origin: str) -> harness.HttpReply:
+    return harness.http_request(address, "OPTIONS", "/gyre.v1.Generation/GenerateStream", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": GRPC_WEB_HEADERS})
+
+
+def grpc_web_list_models(address: str, origin: str, headers: dict | None = None) -> harness.HttpReply:
+    return harness.http_request(address, "POST", "/gyre.v1.Generation/ListModels", LIST_MODELS, {
+        "Content-Type": "application/grpc-web+proto", "X-Grpc-Web": "1", "Origin": origin, **(headers or {})})
+
+
+def assert_granted(reply: harness.HttpReply, origin: str) -> None:
+    assert 200 <= reply.status < 300, reply
+    assert reply.headers.get("access-control-allow-origin") == origin, reply.headers
+    assert "POST" in reply.headers["access-control-allow-methods"]
+    allowed = reply.headers["access-control-allow-headers"].lower()
+    for name in GRPC_WEB_HEADERS.split(","):
+        assert name in allowed, allowed
+
+
+def test_the_grpc_port_grants_the_same_origins_for_grpc_web(server):
+    assert_granted(grpc_preflight(server.grpc, ALLOWED), ALLOWED)
+    assert "access-control-allow-origin" not in grpc_preflight(server.grpc, REFUSED).headers
+    # A call without the key: refused by the server (trailers-only, the
+    # status in the headers), with the grant and that status readable.
+    refused = grpc_web_list_models(server.grpc, ALLOWED)
+    assert refused.headers.get("grpc-status") == "16", refused.headers
+    assert refused.headers.get("access-control-allow-origin") == ALLOWED
+    exposed = refused.headers["access-control-expose-headers"].lower()
+    assert "grpc-status" in exposed and "grpc-message" in exposed, exposed
+    # With the key: answered, models in the data frame, status 0 in the trailers.
+    ok = grpc_web_list_models(server.grpc, ALLOWED, {"Authorization": f"Bearer {KEY}"})
+    assert ok.status == 200 and ok.headers.get("access-control-allow-origin") == ALLOWED, ok
+    assert QWEN.encode() in ok.body and b"grpc-status:0" in ok.body.replace(b" ", b""), ok.body
+    # Another origin is answered too (CORS is the browser's to enforce) but granted nothing.
+    other = grpc_web_list_models(server.grpc, REFUSED, {"Authorization": f"Bearer {KEY}"})
+    assert other.status == 200 and "access-control-allow-origin" not in other.headers
+
+
+def test_without_the_playground_the_grpc_port_grants_the_origins_only(module_server):
+    server = module_server(QWEN, "--cors-origin", f"{ALLOWED}, http://127.0.0.1:3000", "--no-playground")
+    for origin in (ALLOWED, "http://127.0.0.1:3000"):
+        assert_granted(grpc_preflight(server.grpc, origin), origin)
+    page = f"http://{server.http}"
+    for origin in (page, REFUSED):
+        assert "access-control-allow-origin" not in grpc_preflight(server.grpc, origin).headers, origin
+    ok = grpc_web_list_models(server.grpc, ALLOWED)
+    assert ok.status == 200 and ok.headers.get("access-control-allow-origin") == ALLOWED, ok
+    assert QWEN.encode() in ok.body

@@ -40,6 +40,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+import browser_util
 import harness
 from conftest import QWEN
 
@@ -53,11 +54,6 @@ DEFAULT_MODEL = harness.REPO / ".gyre" / "models" / "smollm2-135m-instruct.gguf"
 MODEL = "smollm2-135m-instruct"
 ARTIFACTS = Path(os.environ.get("GYRE_ARTIFACTS") or harness.REPO / ".gyre" / "artifacts").absolute()
 QUESTION = "What is the capital of France?"
-# Chromium as root in a container with no network: no sandbox (root), no
-# GPU, and none of its background connections (refused here, slowly).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-features=Translate,MediaRouter"]
 
 
 # ---------------------------------------------------------------------------
@@ -273,23 +269,6 @@ def test_the_page_needs_no_key_and_passes_the_one_typed_in(module_server):
 # In the browser
 
 
-def chromium() -> str:
-    path = os.environ.get("GYRE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).is_file():
-        pytest.fail("Chromium is not installed: `make chromium` installs Debian's package "
-                    "(apt-get install chromium), or set GYRE_CHROMIUM to a Chromium binary", pytrace=False)
-    return path
-
-
-def playwright_api():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("the playwright Python package is missing: `make venv` installs requirements-dev.txt",
-                    pytrace=False)
-    return sync_playwright
-
-
 @pytest.fixture(scope="module")
 def smol():
     harness.require_file(DEFAULT_MODEL, "the default model SmolLM2-135M-Instruct (make models)")
@@ -304,13 +283,8 @@ def smol():
 
 @pytest.fixture(scope="module")
 def browser_page():
-    sync_playwright = playwright_api()
-    executable = chromium()
-    with sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        except Exception as e:  # noqa: BLE001 - say which browser failed, and how
-            pytest.fail(f"Playwright could not start {executable}: {e}", pytrace=False)
+    with browser_util.playwright_api()() as p:
+        browser = browser_util.launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 860})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -344,12 +318,11 @@ def page_wait(page, condition: str, timeout: float = 30.0):
 
 
 def assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    width, height = struct.unpack(">II", data[16:24])
+    width, height = browser_util.png_size(path)
     assert width >= 1000 and height >= 600, (width, height)
     # A blank page compresses to a few KB; text, panels and a bar do not.
-    assert len(data) > 20_000, f"{path}: only {len(data)} bytes"
+    size = path.stat().st_size
+    assert size > 20_000, f"{path}: only {size} bytes"
 
 
 # Records every text the output shows, and every value of the page's

@@ -1,12 +1,9 @@
 """The TypeScript client package (`clients/typescript`, `gyre-client`) against
 a live gyre serving the real default model (SmolLM2-135M-Instruct).
 
-The package is built the way a fresh clone builds it: clients/typescript
-and proto/ copied without anything generated or built, its npm dependencies
-(installed by `make clients-ts` into clients/typescript/node_modules)
-linked in, then `npm run build` (buf generate with protoc-gen-es from
-proto/, then tsc into dist/). A small ESM app imports it by package name
-(`gyre-client`, `gyre-client/node`, `gyre-client/web`) and runs the checks
+The package is built the way a fresh clone builds it (tests/ts_package.py).
+A small ESM app imports it by package name (`gyre-client`,
+`gyre-client/node`, `gyre-client/web`) and runs the checks
 of `tests/node/typescript_client.mjs`, each over gRPC (connect-node,
 HTTP/2) and over gRPC-Web (connect-web over Node's fetch, HTTP/1.1, to the
 same gRPC port): greedy `generate` equals the HTTP API's completion, the
@@ -20,7 +17,6 @@ back to 0), an unknown model is a ConnectError with code NotFound,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,56 +24,28 @@ from pathlib import Path
 import pytest
 
 import harness
+import ts_package
 from conftest import API_KEY, QWEN
 
-PKG = harness.REPO / "clients" / "typescript"
 SCRIPT = harness.REPO / "tests" / "node" / "typescript_client.mjs"
 GGUF = "smollm2-135m-instruct.gguf"
 MODEL = "smollm2-135m-instruct"
 PROMPT = "The capital of France is"
 PROTOCOLS = ("grpc", "grpcweb")
-# What a build leaves in the package folder: not in a fresh clone.
-NOT_IN_CLONE = shutil.ignore_patterns("node_modules", "dist", "gen")
-
-
-def node() -> str:
-    found = shutil.which("node")
-    assert found, "node is not installed (make setup needs Node 20)"
-    return found
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory) -> Path:
     """An app folder whose node_modules/gyre-client is the package built from a fresh copy."""
-    deps = PKG / "node_modules"
-    assert (deps / ".bin" / "tsc").exists(), "clients/typescript has no node_modules: run `make clients-ts`"
-    root = tmp_path_factory.mktemp("clone")
-    pkg = root / "clients" / "typescript"
-    shutil.copytree(PKG, pkg, ignore=NOT_IN_CLONE)
-    shutil.copytree(harness.REPO / "proto" / "gyre", root / "proto" / "gyre")
-    assert not (pkg / "src" / "gen").exists() and not (pkg / "dist").exists()
-    (pkg / "node_modules").symlink_to(deps)
-    npm = shutil.which("npm")
-    assert npm, "npm is not installed"
-    done = subprocess.run([npm, "run", "build"], cwd=pkg, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "npm_config_update_notifier": "false"})
-    assert done.returncode == 0, f"npm run build:\n{done.stdout}\n{done.stderr}"
-    # Generated from proto/ at build time, then compiled.
-    for name in ("src/gen/gyre/v1/generate_pb.ts", "src/gen/grpc/health/v1/health_pb.ts",
-                 "dist/gen/gyre/v1/generate_pb.js", "dist/node.js", "dist/node.d.ts", "dist/web.js",
-                 "dist/index.js", "dist/index.d.ts"):
-        assert (pkg / name).is_file(), f"{name} missing after npm run build"
-    app = tmp_path_factory.mktemp("app")
-    (app / "node_modules").mkdir()
-    (app / "node_modules" / "gyre-client").symlink_to(pkg)
-    (app / "package.json").write_text('{"private": true, "type": "module"}')
+    pkg = ts_package.build_fresh(tmp_path_factory.mktemp("clone"))
+    app = ts_package.app_folder(tmp_path_factory.mktemp("app"), pkg)
     shutil.copy(SCRIPT, app / SCRIPT.name)
     return app
 
 
 def run(app: Path, protocol: str, address: str, check: str, **args) -> dict:
-    p = subprocess.run([node(), str(app / SCRIPT.name), protocol, f"http://{address}", check, json.dumps(args)],
-                       capture_output=True, text=True, timeout=120, cwd=app)
+    argv = [ts_package.node(), str(app / SCRIPT.name), protocol, f"http://{address}", check, json.dumps(args)]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=app)
     assert p.returncode == 0, f"{check} over {protocol}:\n{p.stderr}"
     return json.loads(p.stdout)
 

@@ -407,8 +407,9 @@ struct HttpArgs {
     #[arg(long, env = "GYRE_BODY_TIMEOUT", default_value = "30", value_parser = gyre_shim::conn::parse_secs)]
     body_timeout: std::time::Duration,
     /// Let web pages of this origin (`scheme://host[:port]`, or `*` for
-    /// any) call the HTTP API from a browser (CORS); `--cors-origin` is the
-    /// same flag. Repeatable or comma-separated; unset: CORS stays closed.
+    /// any) call the HTTP API, and the gRPC port over gRPC-Web, from a
+    /// browser (CORS); `--cors-origin` is the same flag. Repeatable or
+    /// comma-separated; unset: CORS stays closed (but for the playground).
     #[arg(
         long,
         alias = "cors-origin",
@@ -765,16 +766,20 @@ async fn run() -> anyhow::Result<()> {
     let grpc_routes = grpc_service_for(registry, server_opts, drain_rx).await?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let grpc_tls = tls.as_ref().map(|t| t.acceptor(true)).transpose()?;
-    // The playground page on the HTTP port calls this port over gRPC-Web:
-    // CORS here for that page's origin only (see gyre_shim::playground).
-    let playground = http
-        .as_ref()
-        .filter(|(_, h)| !h.playground.no_playground)
-        .map(|_| gyre_shim::playground::GrpcCors::new(tls.is_some()));
+    // Web pages call this port over gRPC-Web: CORS here for the playground
+    // page and the --cors-allow-origin origins (see gyre_shim::grpc_cors).
+    let grpc_cors = match &http {
+        Some((_, h)) => gyre_shim::grpc_cors::GrpcCors::new(
+            tls.is_some(),
+            !h.playground.no_playground,
+            &h.cors_allow_origin,
+        )?,
+        None => None,
+    };
     let key_required = grpc.api_key.is_some() || grpc.keys_file.is_some();
     let grpc_task = tokio::spawn(gyre_shim::conn::serve_tls(
         grpc_listener,
-        gyre_shim::playground::grpc_service(grpc_routes, playground.as_ref()),
+        gyre_shim::grpc_cors::grpc_service(grpc_routes, grpc_cors.as_ref()),
         limits,
         grpc_tls,
         shutdown_signal(stop_rx.clone()),
@@ -812,8 +817,11 @@ async fn run() -> anyhow::Result<()> {
             cfg.upstream_connections = usize::from(http.upstream_connections);
             cfg.body_timeout = (!http.body_timeout.is_zero()).then_some(http.body_timeout);
             http.keepalive.apply(&mut cfg);
-            if let Some(cors) = &playground {
+            if let Some(cors) = &grpc_cors {
                 cors.set_http_port(local.port());
+            }
+            let playground = !http.playground.no_playground;
+            if playground {
                 cfg.playground = Some(gyre_shim::playground::Settings {
                     grpc_scheme: scheme,
                     grpc_port: grpc_local.port(),
@@ -822,7 +830,7 @@ async fn run() -> anyhow::Result<()> {
             }
             let state = gyre_shim::connect(cfg).await?.with_metrics(metrics);
             announce(format!("gyre: HTTP listening on {scheme}://{local}"));
-            if playground.is_some() {
+            if playground {
                 announce(format!("gyre: playground at {scheme}://{local}/playground"));
             }
             let http_tls = tls.as_ref().map(|t| t.acceptor(false)).transpose()?;

@@ -7,6 +7,9 @@
 //! get GET and POST with whatever request headers they ask for (the OpenAI
 //! SDKs send their own), without credentials (browsers send the key as an
 //! `Authorization` header, which needs none).
+//!
+//! The same origins get gRPC-Web CORS on the gRPC port of `gyre serve`
+//! (see [`crate::grpc_cors`]).
 
 use std::time::Duration;
 
@@ -27,10 +30,29 @@ pub enum CorsError {
     WildcardWithOthers,
 }
 
-/// The CORS layer for `origins` (each entry may hold several,
-/// comma-separated; blanks are ignored), or `None` when there are none: then
-/// CORS stays closed.
-pub fn layer(origins: &[String]) -> Result<Option<CorsLayer>, CorsError> {
+/// The origins `--cors-allow-origin` grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origins {
+    /// `*`: any origin.
+    Any,
+    /// Exactly these origins, as browsers send them.
+    List(Vec<HeaderValue>),
+}
+
+impl Origins {
+    /// Whether a request carrying `origin` is granted.
+    pub fn allows(&self, origin: &HeaderValue) -> bool {
+        match self {
+            Origins::Any => true,
+            Origins::List(list) => list.contains(origin),
+        }
+    }
+}
+
+/// The origins of `origins` (each entry may hold several, comma-separated;
+/// blanks are ignored), or `None` when there are none: then CORS stays
+/// closed.
+pub fn parse(origins: &[String]) -> Result<Option<Origins>, CorsError> {
     let origins: Vec<&str> = origins
         .iter()
         .flat_map(|o| o.split(','))
@@ -40,17 +62,28 @@ pub fn layer(origins: &[String]) -> Result<Option<CorsLayer>, CorsError> {
     if origins.is_empty() {
         return Ok(None);
     }
-    let allow = if origins.contains(&"*") {
+    if origins.contains(&"*") {
         if origins.len() > 1 {
             return Err(CorsError::WildcardWithOthers);
         }
-        AllowOrigin::any()
-    } else {
-        let values = origins
-            .iter()
-            .map(|o| origin_value(o))
-            .collect::<Result<Vec<_>, _>>()?;
-        AllowOrigin::list(values)
+        return Ok(Some(Origins::Any));
+    }
+    let values = origins
+        .iter()
+        .map(|o| origin_value(o))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Origins::List(values)))
+}
+
+/// The CORS layer of the HTTP API for `origins` (see [`parse`]), or `None`
+/// when there are none: then CORS stays closed.
+pub fn layer(origins: &[String]) -> Result<Option<CorsLayer>, CorsError> {
+    let Some(origins) = parse(origins)? else {
+        return Ok(None);
+    };
+    let allow = match origins {
+        Origins::Any => AllowOrigin::any(),
+        Origins::List(values) => AllowOrigin::list(values),
     };
     Ok(Some(
         CorsLayer::new()
@@ -89,6 +122,29 @@ mod tests {
     fn no_origins_is_no_layer() {
         assert!(layer(&[]).expect("valid").is_none());
         assert!(layer(&strings(&["", " , "])).expect("valid").is_none());
+    }
+
+    #[test]
+    fn parsed_origins_grant_exactly_themselves() {
+        let list = parse(&strings(&["https://a.example, http://b.example:8080"]))
+            .expect("valid")
+            .expect("some");
+        let value = |s: &str| HeaderValue::from_str(s).expect("header value");
+        assert!(list.allows(&value("https://a.example")));
+        assert!(list.allows(&value("http://b.example:8080")));
+        for other in [
+            "http://a.example",
+            "https://a.example:443",
+            "http://b.example",
+            "https://c.example",
+            "null",
+        ] {
+            assert!(!list.allows(&value(other)), "{other}");
+        }
+        let any = parse(&strings(&["*"])).expect("valid").expect("some");
+        assert_eq!(any, Origins::Any);
+        assert!(any.allows(&value("https://c.example")));
+        assert_eq!(parse(&strings(&[" "])), Ok(None));
     }
 
     #[test]

@@ -10,10 +10,11 @@
 //! parsing with precise `param`s), [`limits`] (the edge's nesting and size
 //! limits), [`convert`] (OpenAI -> proto), [`upstream`] (the gRPC call),
 //! [`sse`] (streaming), [`routes`] (the handlers), [`cors`] (closed unless
-//! configured), [`playground`] (the web page of `gyre serve` and the gRPC
-//! port's CORS for it), [`observe`] and [`telemetry`] (request ids, spans, access
-//! log lines), [`conn`] (accepting and limiting connections, for this port
-//! and the service's), [`tls`] (rustls for both ports and the hop to the
+//! configured), [`playground`] (the web page of `gyre serve`), [`grpc_cors`]
+//! (the gRPC port's CORS for that page and the configured origins),
+//! [`observe`] and [`telemetry`] (request ids, spans, access log lines),
+//! [`conn`] (accepting and limiting connections, for this port and the
+//! service's), [`tls`] (rustls for both ports and the hop to the
 //! service), [`idempotency`] (`Idempotency-Key` replays). The Responses API has its own JSON mapping
 //! (`openai::responses_*`) and event stream ([`responses_upstream`]).
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub mod convert;
 pub mod cors;
 pub mod error;
 pub mod extract;
+pub mod grpc_cors;
 pub mod guarded;
 pub mod idempotency;
 pub mod keepalive;

@@ -1,7 +1,7 @@
 //! The playground's routes on the HTTP port (on, off, open under an API
-//! key) and the gRPC port's CORS for it, without a model: the shim's router
-//! in front of the fake gRPC service, and the CORS wrapper around a stand-in
-//! for the gRPC routes. The page itself, in a browser against a real
+//! key) and the gRPC port's CORS for it and for --cors-allow-origin
+//! origins, without a model: the shim's router in front of the fake gRPC
+//! service, and the CORS wrapper around a stand-in for the gRPC routes. The page itself, in a browser against a real
 //! server, is tests/test_playground.py.
 
 mod edge_harness;
@@ -11,7 +11,8 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use edge_harness::*;
-use gyre_shim::playground::{self, GrpcCors, Settings};
+use gyre_shim::grpc_cors::{GrpcCors, grpc_service};
+use gyre_shim::playground::Settings;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -154,9 +155,11 @@ fn preflight(origin: &str, host: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn the_grpc_port_grants_the_page_of_its_own_http_port_only() {
-    let cors = GrpcCors::new(false);
+    let cors = GrpcCors::new(false, true, &[])
+        .expect("valid")
+        .expect("a rule");
     cors.set_http_port(8000);
-    let svc = playground::grpc_service(tower::service_fn(routes), Some(&cors));
+    let svc = grpc_service(tower::service_fn(routes), Some(&cors));
 
     let granted = svc
         .clone()
@@ -219,8 +222,10 @@ async fn the_grpc_port_grants_the_page_of_its_own_http_port_only() {
 }
 
 #[tokio::test]
-async fn without_the_playground_the_grpc_port_has_no_cors() {
-    let svc = playground::grpc_service(tower::service_fn(routes), None);
+async fn without_the_playground_or_origins_the_grpc_port_has_no_cors() {
+    let cors = GrpcCors::new(false, false, &[]).expect("valid");
+    assert!(cors.is_none());
+    let svc = grpc_service(tower::service_fn(routes), cors.as_ref());
     let answer = svc
         .oneshot(preflight("http://localhost:8000", "localhost:50051"))
         .await
@@ -231,5 +236,58 @@ async fn without_the_playground_the_grpc_port_has_no_cors() {
             .headers()
             .get("access-control-allow-origin")
             .is_none()
+    );
+}
+
+#[tokio::test]
+async fn the_grpc_port_grants_the_configured_origins_too() {
+    // --no-playground with --cors-allow-origin: those origins only.
+    let origins = ["https://app.example,http://127.0.0.1:3000".to_owned()];
+    let cors = GrpcCors::new(false, false, &origins)
+        .expect("valid")
+        .expect("a rule");
+    cors.set_http_port(8000);
+    let svc = grpc_service(tower::service_fn(routes), Some(&cors));
+    for origin in ["https://app.example", "http://127.0.0.1:3000"] {
+        let granted = svc
+            .clone()
+            .oneshot(preflight(origin, "127.0.0.1:50051"))
+            .await
+            .expect("infallible");
+        assert!(granted.status().is_success(), "{origin}");
+        assert_eq!(granted.headers()["access-control-allow-origin"], origin);
+        let allowed = granted.headers()["access-control-allow-headers"]
+            .to_str()
+            .expect("ascii");
+        assert!(allowed.contains("x-grpc-web"), "{allowed}");
+    }
+    for origin in ["http://127.0.0.1:8000", "https://evil.example"] {
+        let refused = svc
+            .clone()
+            .oneshot(preflight(origin, "127.0.0.1:50051"))
+            .await
+            .expect("infallible");
+        assert!(
+            refused
+                .headers()
+                .get("access-control-allow-origin")
+                .is_none(),
+            "{origin}"
+        );
+    }
+    let call = Request::post("/gyre.v1.Generation/GetStats")
+        .header("host", "127.0.0.1:50051")
+        .header("origin", "https://app.example")
+        .header("content-type", "application/grpc-web+proto")
+        .body(Body::empty())
+        .expect("request");
+    let answer = svc.oneshot(call).await.expect("infallible");
+    let h = answer.headers();
+    assert_eq!(h["x-reached"], "routes");
+    assert_eq!(h["access-control-allow-origin"], "https://app.example");
+    let exposed = h["access-control-expose-headers"].to_str().expect("ascii");
+    assert!(
+        exposed.contains("grpc-status") && exposed.contains("grpc-message"),
+        "{exposed}"
     );
 }

@@ -17,24 +17,12 @@
 //! leaves them out (404 like any unknown path).
 //!
 //! The page's origin differs from the gRPC port's (another port), so the
-//! gRPC port needs CORS for it: [`GrpcCors`] grants gRPC-Web calls to an
-//! origin whose scheme is the server's, whose port is the HTTP port, and
-//! whose host is the host the call itself was sent to (its `Host` /
-//! `:authority`). That is exactly the page served by this process's HTTP
-//! port under whatever name the browser reached it by (localhost, an IP,
-//! a DNS name), and no other web page. Without the playground the gRPC
-//! port has no CORS layer at all, as before.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::Duration;
+//! gRPC port needs CORS for it: [`crate::grpc_cors::GrpcCors`] grants it.
 
 use axum::Router;
 use axum::response::Response;
 use axum::routing::get;
-use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, request::Parts};
-use tower_http::cors::{AllowHeaders, AllowOrigin, Cors, CorsLayer};
+use http::header::{self, HeaderValue};
 
 use crate::AppState;
 
@@ -45,9 +33,6 @@ const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const GRPC_WEB_JS: &str = include_str!("assets/grpcweb.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
-
-/// How long a browser may cache a preflight answer of the gRPC port.
-const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The page may run only its own scripts and styles, load nothing else, and
 /// connect anywhere (the gRPC port is another origin, and its URL can be
@@ -60,8 +45,8 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlaygroundArgs {
     /// Do not serve the playground page (`/playground` on the HTTP port,
-    /// a gRPC-Web client of the gRPC port), and keep the gRPC port without
-    /// CORS.
+    /// a gRPC-Web client of the gRPC port), and grant that page no CORS on
+    /// the gRPC port (the --cors-allow-origin origins keep theirs).
     #[arg(long, env = "GYRE_NO_PLAYGROUND")]
     pub no_playground: bool,
 }
@@ -140,194 +125,9 @@ fn asset(body: impl Into<axum::body::Body>, content_type: &'static str) -> Respo
     response
 }
 
-/// CORS of the gRPC port for the playground page (see the module docs).
-/// The HTTP port is set once it is bound ([`GrpcCors::set_http_port`]);
-/// until then no origin is granted.
-#[derive(Debug, Clone)]
-pub struct GrpcCors {
-    https: bool,
-    http_port: Arc<AtomicU16>,
-}
-
-impl GrpcCors {
-    /// For a server whose ports use TLS (`https`) or not.
-    pub fn new(https: bool) -> Self {
-        Self {
-            https,
-            http_port: Arc::new(AtomicU16::new(0)),
-        }
-    }
-
-    /// The port the HTTP API (and so the page) is served on.
-    pub fn set_http_port(&self, port: u16) {
-        self.http_port.store(port, Ordering::Relaxed);
-    }
-
-    /// Whether a call carrying `origin`, sent to `host` (`Host` or
-    /// `:authority`, with or without a port), comes from the playground.
-    pub fn allows(&self, origin: &str, host: &str) -> bool {
-        let http_port = self.http_port.load(Ordering::Relaxed);
-        if http_port == 0 {
-            return false;
-        }
-        let scheme = if self.https { "https" } else { "http" };
-        let Some(rest) = origin
-            .strip_prefix(scheme)
-            .and_then(|r| r.strip_prefix("://"))
-        else {
-            return false;
-        };
-        let Some((origin_host, origin_port)) = split_host_port(rest) else {
-            return false;
-        };
-        let origin_port = match origin_port {
-            Some(p) => p,
-            None if self.https => 443,
-            None => 80,
-        };
-        let Some((called_host, _)) = split_host_port(host) else {
-            return false;
-        };
-        origin_port == http_port && origin_host.eq_ignore_ascii_case(called_host)
-    }
-
-    /// The CORS layer: gRPC-Web's POST, whatever request headers the
-    /// browser asks for (content-type, x-grpc-web, authorization, ...), and
-    /// the response headers a gRPC-Web client reads (a trailers-only
-    /// answer's status is in them).
-    pub fn layer(&self) -> CorsLayer {
-        let this = self.clone();
-        CorsLayer::new()
-            .allow_origin(AllowOrigin::predicate(
-                move |origin: &HeaderValue, parts: &Parts| {
-                    let Ok(origin) = origin.to_str() else {
-                        return false;
-                    };
-                    called_host(parts).is_some_and(|host| this.allows(origin, host))
-                },
-            ))
-            .allow_methods([Method::POST])
-            .allow_headers(AllowHeaders::mirror_request())
-            .expose_headers([
-                HeaderName::from_static("grpc-status"),
-                HeaderName::from_static("grpc-message"),
-                HeaderName::from_static("grpc-status-details-bin"),
-                HeaderName::from_static("gyre-model"),
-                HeaderName::from_static("deprecation"),
-                HeaderName::from_static("sunset"),
-            ])
-            .max_age(PREFLIGHT_MAX_AGE)
-    }
-}
-
-/// The host a request was sent to: HTTP/2's `:authority` (in the URI),
-/// else HTTP/1's `Host`.
-fn called_host(parts: &Parts) -> Option<&str> {
-    parts
-        .uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| parts.headers.get(header::HOST)?.to_str().ok())
-}
-
-/// `host[:port]` or `[v6]:port` into the host (brackets kept) and the port;
-/// None when it is not that shape.
-fn split_host_port(s: &str) -> Option<(&str, Option<u16>)> {
-    let (host, port) = if s.starts_with('[') {
-        let end = s.find(']')?;
-        let (host, rest) = s.split_at(end + 1);
-        match rest {
-            "" => (host, None),
-            _ => (host, Some(rest.strip_prefix(':')?)),
-        }
-    } else {
-        match s.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (s, None),
-        }
-    };
-    if host.is_empty() || host.contains(['/', '@', '?', '#']) {
-        return None;
-    }
-    let port = match port {
-        Some(p) => Some(p.parse().ok()?),
-        None => None,
-    };
-    Some((host, port))
-}
-
-/// The gRPC routes `inner`, behind the playground's CORS when `cors` is
-/// set (the playground is on), as they were otherwise.
-pub fn grpc_service<S>(inner: S, cors: Option<&GrpcCors>) -> tower::util::Either<Cors<S>, S> {
-    match cors {
-        Some(c) => tower::util::Either::Left(tower::Layer::layer(&c.layer(), inner)),
-        None => tower::util::Either::Right(inner),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cors(port: u16, https: bool) -> GrpcCors {
-        let c = GrpcCors::new(https);
-        c.set_http_port(port);
-        c
-    }
-
-    #[test]
-    fn the_page_of_this_http_port_is_allowed_under_any_host_name() {
-        let c = cors(8000, false);
-        for (origin, host) in [
-            ("http://127.0.0.1:8000", "127.0.0.1:50051"),
-            ("http://localhost:8000", "localhost:50051"),
-            ("http://LocalHost:8000", "localhost:50051"),
-            ("http://gpu-box.example:8000", "gpu-box.example:50051"),
-            ("http://[::1]:8000", "[::1]:50051"),
-            ("http://10.1.2.3:8000", "10.1.2.3"),
-        ] {
-            assert!(c.allows(origin, host), "{origin} -> {host}");
-        }
-    }
-
-    #[test]
-    fn other_pages_are_refused() {
-        let c = cors(8000, false);
-        for (origin, host) in [
-            // Another host: a page elsewhere calling this server.
-            ("http://evil.example:8000", "127.0.0.1:50051"),
-            ("http://localhost:8000", "127.0.0.1:50051"),
-            // Another port of the same host: some other local web app.
-            ("http://127.0.0.1:3000", "127.0.0.1:50051"),
-            ("http://127.0.0.1", "127.0.0.1:50051"),
-            // Another scheme.
-            ("https://127.0.0.1:8000", "127.0.0.1:50051"),
-            // Not origins.
-            ("null", "127.0.0.1:50051"),
-            ("http://127.0.0.1:8000/x", "127.0.0.1:50051"),
-            ("http://user@127.0.0.1:8000", "127.0.0.1:50051"),
-            ("http://127.0.0.1:80000", "127.0.0.1:50051"),
-            ("http://[::1:8000", "[::1]:50051"),
-            ("http://:8000", ":50051"),
-        ] {
-            assert!(!c.allows(origin, host), "{origin} -> {host}");
-        }
-    }
-
-    #[test]
-    fn default_ports_and_tls() {
-        assert!(cors(80, false).allows("http://box.example", "box.example:50051"));
-        assert!(cors(443, true).allows("https://box.example", "box.example:50051"));
-        assert!(!cors(443, true).allows("http://box.example:443", "box.example:50051"));
-        assert!(cors(8443, true).allows("https://box.example:8443", "box.example"));
-    }
-
-    #[test]
-    fn nothing_is_allowed_before_the_http_port_is_known() {
-        let c = GrpcCors::new(false);
-        assert!(!c.allows("http://127.0.0.1:0", "127.0.0.1:50051"));
-        assert!(!c.allows("http://127.0.0.1", "127.0.0.1:50051"));
-    }
 
     #[test]
     fn playground_paths() {
