@@ -24,6 +24,8 @@ use crate::EngineError;
 const NR: usize = 32;
 /// Rows per register tile.
 const MR: usize = 8;
+/// Panels a one-row product works on at once (8 accumulators).
+const PANELS1: usize = 4;
 /// Values of k summed in one chain before the chain's sum is added to the
 /// output (see the module comment).
 const KC: usize = 128;
@@ -100,7 +102,11 @@ impl Packed {
         let panels = self.n.div_ceil(NR);
         // Contiguous runs of panels, a few per thread so the work balances.
         let chunks = (pool.current_num_threads() * 4).clamp(1, panels);
-        let per = panels.div_ceil(chunks);
+        let mut per = panels.div_ceil(chunks);
+        if m == 1 {
+            // Whole groups of panels for the one-row kernel.
+            per = per.next_multiple_of(PANELS1);
+        }
         let out_ptr = SendPtr(out.as_mut_ptr());
         pool.scope(|s| {
             for c in 0..chunks {
@@ -110,7 +116,13 @@ impl Packed {
                 }
                 let out_ptr = &out_ptr;
                 s.spawn(move |_| {
-                    for p in p0..p1 {
+                    let mut p = p0;
+                    // One row (a batch-1 decode): several panels at once.
+                    while m == 1 && p + PANELS1 <= p1 {
+                        self.panels_one_row(xs, p, out_ptr.0);
+                        p += PANELS1;
+                    }
+                    for p in p..p1 {
                         // Each task writes only its own panels' columns.
                         self.panel(xs, m, p, out_ptr.0);
                     }
@@ -118,6 +130,22 @@ impl Packed {
             }
         });
         Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
+    }
+
+    /// Columns `p*NR .. (p + PANELS1)*NR` of a one-row output (the caller
+    /// checked that those panels exist).
+    fn panels_one_row(&self, x: &[f32], p: usize, out: *mut f32) {
+        let k = self.k;
+        let w = &self.data[p * k * NR..(p + PANELS1) * k * NR];
+        let mut tile = [0f32; PANELS1 * NR];
+        kernel_one_row(x, k, w, &mut tile);
+        let cols = (PANELS1 * NR).min(self.n - p * NR);
+        #[allow(unsafe_code)]
+        // SAFETY: `out` points at n floats (one row); columns p*NR ..
+        // p*NR + cols <= n, panels no other task writes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(tile.as_ptr(), out.add(p * NR), cols);
+        }
     }
 
     /// Columns `p*NR ..` of every row of the output.
@@ -179,6 +207,30 @@ fn kernel(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]
     portable(x, k, rows, w, tile);
 }
 
+/// [`kernel`] for one row over `PANELS1` consecutive panels (`w`, [PANELS1,
+/// k, NR]) at once: each output element is summed in the same order as
+/// there (so to the bit the same), but the panels' independent FMA chains
+/// overlap. One panel's two chains leave a batch-1 decode bound by FMA
+/// latency, well short of the memory bandwidth it could stream weights at.
+fn kernel_one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
+    debug_assert!(x.len() >= k && w.len() >= PANELS1 * k * NR);
+    #[cfg(target_arch = "x86_64")]
+    if available_cached() {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F (checked); `x` holds k floats and `w`
+        // PANELS1 panels of k * NR (asserted by the caller's construction).
+        unsafe {
+            avx512::one_row(x, k, w, tile);
+        }
+        return;
+    }
+    for (q, t) in tile.chunks_exact_mut(NR).enumerate() {
+        let mut one = [0f32; MR * NR];
+        portable(x, k, 1, &w[q * k * NR..(q + 1) * k * NR], &mut one);
+        t.copy_from_slice(&one[..NR]);
+    }
+}
+
 /// The kernel without SIMD, with the same order of operations per element.
 fn portable(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]) {
     for i in 0..rows {
@@ -210,7 +262,48 @@ fn available_cached() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{KC, MR, NR};
+    use super::{KC, MR, NR, PANELS1};
+
+    /// One row over `PANELS1` panels: 2 * PANELS1 accumulators, each
+    /// summing one block of `KC` values of k in order, the blocks' sums
+    /// added into the tile in order (as [`tile`] does per row).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
+        let wp = w.as_ptr();
+        let xp = x.as_ptr();
+        let tp = tile.as_mut_ptr();
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            let mut a = [_mm512_setzero_ps(); 2 * PANELS1];
+            for kk in k0..k1 {
+                // SAFETY (for the whole loop): kk < k, so each panel's reads
+                // stay within its k * NR floats and the row read within k.
+                unsafe {
+                    let xv = _mm512_set1_ps(*xp.add(kk));
+                    for q in 0..PANELS1 {
+                        let at = wp.add(q * k * NR + kk * NR);
+                        a[2 * q] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(at), a[2 * q]);
+                        a[2 * q + 1] =
+                            _mm512_fmadd_ps(xv, _mm512_loadu_ps(at.add(16)), a[2 * q + 1]);
+                    }
+                }
+            }
+            for (i, acc) in a.iter().enumerate() {
+                // SAFETY: i < 2 * PANELS1, so the 16 floats at i * 16 are
+                // inside the tile.
+                unsafe {
+                    let t = tp.add(i * 16);
+                    if k0 == 0 {
+                        _mm512_storeu_ps(t, *acc);
+                    } else {
+                        _mm512_storeu_ps(t, _mm512_add_ps(_mm512_loadu_ps(t), *acc));
+                    }
+                }
+            }
+            k0 = k1;
+        }
+    }
 
     /// Register tile of R rows x 32 columns: 2R accumulators, each summing
     /// one block of `KC` values of k in order; the blocks' sums are added
@@ -345,6 +438,37 @@ mod tests {
             blocked < chain,
             "blocked error {blocked:.3e} is not below one chain's {chain:.3e}"
         );
+    }
+
+    /// A one-row product over several panels at once gives each element
+    /// to the bit what the one-panel kernel gives it (SIMD and portable),
+    /// and a single row through `forward` equals that row in a batch (n
+    /// spans whole groups of panels and a remainder).
+    #[test]
+    fn one_row_over_several_panels_agrees_exactly() {
+        tch::manual_seed(11);
+        let k = 2 * KC + 37;
+        let n = (2 * PANELS1 + 3) * NR - 5;
+        let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
+        let p = Packed::new(&w).expect("pack");
+        let x = Tensor::randn([3, k as i64], (Kind::Float, Device::Cpu));
+        let xs = crate::attn::f32_view(&x).expect("view");
+        let mut many = [0f32; PANELS1 * NR];
+        kernel_one_row(xs, k, &p.data[..PANELS1 * k * NR], &mut many);
+        for q in 0..PANELS1 {
+            let (mut simd, mut plain) = ([0f32; MR * NR], [0f32; MR * NR]);
+            let panel = &p.data[q * k * NR..(q + 1) * k * NR];
+            kernel(xs, k, 1, panel, &mut simd);
+            portable(xs, k, 1, panel, &mut plain);
+            assert_eq!(many[q * NR..(q + 1) * NR], simd[..NR], "panel {q}");
+            assert_eq!(simd[..NR], plain[..NR], "panel {q}");
+        }
+        let pool = pool();
+        let batch = p.forward(&x, &pool).expect("batch");
+        for r in 0..3 {
+            let alone = p.forward(&x.narrow(0, r, 1), &pool).expect("row");
+            assert!(batch.narrow(0, r, 1).equal(&alone), "row {r} differs alone");
+        }
     }
 
     #[test]
