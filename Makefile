@@ -20,7 +20,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat node models clients clients-ts build serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
+.PHONY: help setup venv compat node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -84,6 +84,13 @@ models: $(VENV)/.installed
 build: $(VENV)/.installed
 	$(CARGO) build --release --workspace --bins
 
+# The workspace's examples, among them the Rust client's (examples/, run
+# against a live server by tests/test_rust_client.py from $(BIN)/examples).
+# `cargo test --workspace` builds them too; this builds them in CI's order
+# before the end-to-end tests.
+examples: $(VENV)/.installed
+	$(CARGO) build --release --workspace --examples
+
 serve: setup build
 	$(BIN)/gyre serve $(ARGS)
 
@@ -112,8 +119,9 @@ chromium:
 	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }; \
 	  else echo "chromium is not installed (apt-get install chromium): tests/test_playground.py will fail"; fi; }
 
-test-e2e: setup build prometheus chromium compat
+test-e2e: setup build examples prometheus chromium compat
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
+	  GYRE_EXAMPLES_DIR=$(BIN)/examples \
 	  GYRE_COMPAT_VENV=$(COMPAT_VENV) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests

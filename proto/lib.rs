@@ -4,9 +4,12 @@
 //! code, the descriptor set that server reflection needs, the codec the
 //! generated code uses (`codec`), and what both protocols share about client
 //! input: the API-key check (`auth`) and how much of it an error may repeat
-//! (`clip`).
+//! (`clip`). With the default `client` feature it also holds [`client`], a
+//! typed convenience layer over the generated `Generation` client.
 
 pub mod auth;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod codec;
 
 /// The `gyre.v1` package: messages, the `Generation`, `Embeddings` and
