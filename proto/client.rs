@@ -407,13 +407,26 @@ impl Tls {
 
 /// How to connect: start with [`Client::builder`] (or
 /// [`Builder::from_env`]), end with [`Builder::connect`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     url: String,
     api_key: Option<String>,
     tls: Option<Tls>,
     connect_timeout: Option<Duration>,
     timeout: Option<Duration>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the key.
+        f.debug_struct("Builder")
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "(set)"))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl Builder {
@@ -1673,6 +1686,7 @@ mod tests {
             "sekret"
         ));
         assert!(!format!("{key:?}").contains("sekret"));
+        assert!(!format!("{:?}", Builder::new("h:1").api_key("sekret")).contains("sekret"));
         let r = ApiKey::default()
             .call(tonic::Request::new(()))
             .expect("the interceptor never fails");
