@@ -10,6 +10,7 @@ PY         := $(VENV)/bin/python
 # Tools tested against gyre with large dependency trees of their own
 # (LangChain, LiteLLM): an environment apart, requirements-compat.txt.
 COMPAT_VENV ?= $(GYRE_CACHE)/compat-venv
+AIPERF_VENV ?= $(GYRE_CACHE)/aiperf-venv
 MODELS     ?= .gyre/models
 # The libtorch tch links against is the one inside the venv's torch package.
 # A stable path (not the clone's) keeps the shared cargo target dir valid.
@@ -20,7 +21,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
+.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -63,6 +64,14 @@ $(COMPAT_VENV)/.installed: requirements-compat.txt
 	rm -rf $(COMPAT_VENV)
 	python3 -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-compat.txt
+	@touch $@
+
+aiperf: $(AIPERF_VENV)/.installed
+$(AIPERF_VENV)/.installed: requirements-aiperf.txt
+	@mkdir -p $(GYRE_CACHE)
+	rm -rf $(AIPERF_VENV)
+	python3 -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-aiperf.txt
 	@touch $@
 
 node: node_modules/.bin/buf
@@ -119,10 +128,10 @@ chromium:
 	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }; \
 	  else echo "chromium is not installed (apt-get install chromium): tests/test_playground.py will fail"; fi; }
 
-test-e2e: setup build examples prometheus chromium compat
+test-e2e: setup build examples prometheus chromium compat aiperf
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
 	  GYRE_EXAMPLES_DIR=$(BIN)/examples \
-	  GYRE_COMPAT_VENV=$(COMPAT_VENV) \
+	  GYRE_COMPAT_VENV=$(COMPAT_VENV) GYRE_AIPERF_VENV=$(AIPERF_VENV) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests
 

@@ -6,25 +6,34 @@
 //!   process (the shim reaches the service over gRPC on loopback, exactly as a
 //!   standalone `gyre-shim` would).
 //! - `gyre grpc`: the gRPC service alone.
+//! - `gyre chat`, `gyre models`: clients of a running server (`chat`, `models_cmd`).
+//! - `gyre bench`: the load generator, `gyre-bench` (`bench_cmd`).
 //!
-//! Every flag is also an environment variable (`GYRE_*`).
+//! Every flag is also an environment variable (`GYRE_*`), and the flags of
+//! `serve` and `grpc` can be set in the `--config` file (`config_file`).
 
 use std::io::{IsTerminal as _, Write};
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, Parser, Subcommand, ValueEnum};
 use gyre_engine::DeviceChoice;
 use gyre_engine::progress::{LoadProgress, LogLines, TerminalBar};
 use gyre_service::registry::load::{self, LoadDefaults};
-use gyre_service::registry::spec::{self, ModelSpec};
+use gyre_service::registry::spec::ModelSpec;
 use gyre_service::resolve;
 use gyre_service::server::{ServerOptions, grpc_service_for};
 use gyre_shim::logging::LogFormat;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod bench_cmd;
+mod chat;
+mod client;
+mod config_file;
+mod help_topics;
 mod metrics_args;
+mod models_cmd;
 
 #[derive(Parser)]
 #[command(name = "gyre", version, about = "gRPC-first LLM inference server")]
@@ -77,6 +86,16 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Chat with a model, streamed: against a running server (gRPC, or
+    /// --url for the HTTP API) or a model loaded in this process
+    /// (--model-dir). Reads lines from standard input (a terminal or a pipe).
+    Chat(Box<chat::ChatArgs>),
+    /// List the models a running server serves.
+    Models(models_cmd::ModelsArgs),
+    /// Run the load generator (`gyre-bench`, beside this binary) with these
+    /// arguments: `gyre bench --help` for its own.
+    #[command(disable_help_flag = true)]
+    Bench(bench_cmd::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -125,7 +144,8 @@ struct ModelArgs {
     model: Vec<String>,
     /// A TOML file listing models to serve (after those of --model): a
     /// `[[models]]` table each, with `source` and the keys --model takes
-    /// (`aliases` a list).
+    /// (`aliases` a list). Its top-level keys set flags by their long name
+    /// (`kv-cache-mib = 512`); a flag or its environment variable wins.
     #[arg(long, env = "GYRE_CONFIG")]
     config: Option<std::path::PathBuf>,
     /// For a hub id: the branch, tag or commit to serve (default: main).
@@ -449,13 +469,7 @@ fn model_specs(args: &ModelArgs) -> anyhow::Result<Vec<ModelSpec>> {
         .map(|m| ModelSpec::parse(m))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--config {}", path.display()))?;
-        let listed = spec::parse_config(&text, &path.display().to_string())?;
-        if listed.is_empty() {
-            anyhow::bail!("--config {}: lists no [[models]]", path.display());
-        }
-        specs.extend(listed);
+        specs.extend(config_file::models(path)?);
     }
     if specs.is_empty() {
         specs.push(ModelSpec::source(DEFAULT_MODEL));
@@ -567,6 +581,7 @@ fn load_progress(format: LogFormat) -> Arc<dyn LoadProgress> {
 }
 
 fn main() -> anyhow::Result<()> {
+    bench_cmd::exec_if_first();
     #[cfg(unix)]
     passive_openmp();
     tokio::runtime::Builder::new_multi_thread()
@@ -621,7 +636,22 @@ fn passive_openmp() {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = config_file::parse(help_topics::apply(Cli::command()))?;
+    let (model, grpc, http) = match cli.command {
+        Command::Serve {
+            model,
+            grpc,
+            http_addr,
+            http,
+        } => (model, grpc, Some((http_addr, http))),
+        Command::Grpc { model, grpc } => (model, grpc, None),
+        Command::Keys {
+            command: KeysCommand::Hash { key },
+        } => return hash_key(key),
+        Command::Chat(args) => return client::finish(chat::run(*args, cli.log_format).await),
+        Command::Models(args) => return client::finish(models_cmd::run(args).await),
+        Command::Bench(args) => bench_cmd::exit_with(args.args),
+    };
     gyre_shim::logging::init(cli.log_format);
     let telemetry = gyre_shim::telemetry::init(cli.otlp_endpoint.as_deref())?;
     gyre_service::observe::configure(gyre_service::observe::Config {
@@ -648,18 +678,6 @@ async fn run() -> anyhow::Result<()> {
         }
     });
 
-    let (model, grpc, http) = match cli.command {
-        Command::Serve {
-            model,
-            grpc,
-            http_addr,
-            http,
-        } => (model, grpc, Some((http_addr, http))),
-        Command::Grpc { model, grpc } => (model, grpc, None),
-        Command::Keys {
-            command: KeysCommand::Hash { key },
-        } => return hash_key(key),
-    };
     // A bad keys file fails the start, before any model loads.
     let keys = match &grpc.keys_file {
         Some(path) => {
