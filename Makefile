@@ -171,6 +171,11 @@ test: setup build test-rust test-e2e test-fuzz
 bench: venv models build
 	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
 
+# The last check: no crate may turn on tonic's TLS (docs/ARCHITECTURE.md,
+# TLS): with it compiled in, tonic refuses the https:// endpoints that gyre's
+# own rustls connector serves.
 lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	@if $(CARGO) tree --workspace -e features -i tonic | grep -q 'tonic feature "tls'; then \
+	  echo "tonic's TLS features are on (cargo tree -e features -i tonic): use gyre_api::tls::Connector"; exit 1; fi
