@@ -20,14 +20,14 @@ pub enum Error {
     /// The connection could not be made (refused, TLS handshake failed).
     Connect(String),
     /// The server (or the transport) answered with an error: a whole call's
-    /// gRPC status, or one request's failure on a [`Session`].
+    /// gRPC status, or one request's failure on a [`Session`](super::Session).
     Api(ApiError),
     /// The stream ended without the event that ends a request (a `finish`).
     Incomplete(String),
     /// The server sent something this client cannot use (e.g. a choice
     /// index far beyond any request's `n`).
     Protocol(String),
-    /// The [`Session`]'s stream has ended: nothing more can be sent on it.
+    /// The [`Session`](super::Session)'s stream has ended: nothing more can be sent on it.
     SessionClosed,
 }
 
@@ -75,7 +75,7 @@ impl From<tonic::Status> for Error {
 /// field, `RetryInfo` delay) or in a request's `RequestError`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
-    /// The gRPC status code (for a request on a [`Session`], the code its
+    /// The gRPC status code (for a request on a [`Session`](super::Session), the code its
     /// `RequestError` carried).
     pub code: Code,
     /// The human-readable message, safe to show to users.
@@ -86,7 +86,7 @@ pub struct ApiError {
     pub field: Option<String>,
     /// How long to wait before retrying (RESOURCE_EXHAUSTED).
     pub retry_after: Option<Duration>,
-    /// The request the error belongs to, on a [`Session`].
+    /// The request the error belongs to, on a [`Session`](super::Session).
     pub request_id: Option<String>,
 }
 

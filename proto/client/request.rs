@@ -114,7 +114,7 @@ pub struct Params {
     /// Model id or alias; `None`: the server's default model.
     pub model: Option<String>,
     /// The request id; `None`: the server's (on `GenerateStream`) or the
-    /// session's (on a [`Session`]).
+    /// session's (on a [`Session`](super::Session)).
     pub request_id: Option<String>,
     /// Most tokens to generate.
     pub max_tokens: Option<u32>,
