@@ -21,7 +21,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat aiperf node models clients clients-ts build serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
+.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -95,6 +95,13 @@ models: $(VENV)/.installed
 build: $(VENV)/.installed
 	$(CARGO) build --release --workspace --bins
 
+# The workspace's examples, among them the Rust client's (examples/, run
+# against a live server by tests/test_rust_client.py from $(BIN)/examples).
+# `cargo test --workspace` builds them too; this builds them in CI's order
+# before the end-to-end tests.
+examples: $(VENV)/.installed
+	$(CARGO) build --release --workspace --examples
+
 serve: setup build
 	$(BIN)/gyre serve $(ARGS)
 
@@ -123,8 +130,9 @@ chromium:
 	    || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES); }; \
 	  else echo "chromium is not installed (apt-get install chromium): tests/test_playground.py will fail"; fi; }
 
-test-e2e: setup build prometheus chromium compat aiperf
+test-e2e: setup build examples prometheus chromium compat aiperf
 	GYRE_BIN=$(BIN)/gyre GYRE_SHIM_BIN=$(BIN)/gyre-shim GYRE_BENCH_BIN=$(BIN)/gyre-bench GYRE_MODELS=$(MODELS) \
+	  GYRE_EXAMPLES_DIR=$(BIN)/examples \
 	  GYRE_COMPAT_VENV=$(COMPAT_VENV) GYRE_AIPERF_VENV=$(AIPERF_VENV) \
 	  BUF=$(CURDIR)/node_modules/.bin/buf \
 	  $(PY) -m pytest -q tests
@@ -165,6 +173,11 @@ test: setup build test-rust test-e2e test-fuzz
 bench: venv models build
 	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
 
+# The last check: no crate may turn on tonic's TLS (docs/ARCHITECTURE.md,
+# TLS): with it compiled in, tonic refuses the https:// endpoints that gyre's
+# own rustls connector serves.
 lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	@if $(CARGO) tree --workspace -e features -i tonic | grep -q 'tonic feature "tls'; then \
+	  echo "tonic's TLS features are on (cargo tree -e features -i tonic): use gyre_api::tls::Connector"; exit 1; fi

@@ -4,10 +4,17 @@
 //! code, the descriptor set that server reflection needs, the codec the
 //! generated code uses (`codec`), and what both protocols share about client
 //! input: the API-key check (`auth`) and how much of it an error may repeat
-//! (`clip`).
+//! (`clip`). With the default `client` feature it also holds [`client`], a
+//! typed convenience layer over the generated `Generation` client, and with
+//! `tls` (which `client` turns on) [`tls`], the rustls connector of every
+//! gyre gRPC client that reaches an `https://` address.
 
 pub mod auth;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod codec;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// The `gyre.v1` package: messages, the `Generation`, `Embeddings` and
 /// `Responses` clients and servers.

@@ -6,8 +6,9 @@
 //!   `--tls-client-ca` (PEM roots) requires every client of that port to
 //!   present a certificate chaining to one of them (mTLS). [`conn`] does the
 //!   handshake on each accepted connection (ALPN `h2`, `http/1.1`).
-//! - The shim's hop: [`Connector`] is the tonic connector of the pool's
-//!   channels when the service is reached over TLS. A standalone
+//! - The shim's hop: [`Connector`] (gyre-api's, shared with the Rust
+//!   client) is the tonic connector of the pool's channels when the service
+//!   is reached over TLS; this module makes its rustls config. A standalone
 //!   `gyre-shim` trusts the roots given with `--upstream-ca` and may present
 //!   a client certificate (`--upstream-client-cert`/`-key`). The shim inside
 //!   `gyre serve` trusts exactly the server's own certificate (pinned), and
@@ -31,6 +32,8 @@ use rustls::{
 };
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+pub use gyre_api::tls::Connector;
 
 /// Why TLS could not be set up; each names the flag and file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -423,61 +426,5 @@ impl ClientCertVerifier for ClientCaOrSelf {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.ca.supported_verify_schemes()
-    }
-}
-
-/// The pool's connector for an `https://` service: TCP, then TLS with
-/// `config`.
-#[derive(Clone)]
-pub struct Connector {
-    config: Arc<ClientConfig>,
-}
-
-impl Connector {
-    pub fn new(config: Arc<ClientConfig>) -> Self {
-        Self { config }
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type ConnectFuture = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<
-                    hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-                    BoxError,
-                >,
-            > + Send,
-    >,
->;
-
-impl tower::Service<http::Uri> for Connector {
-    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
-    type Error = BoxError;
-    type Future = ConnectFuture;
-
-    fn poll_ready(
-        &mut self,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        Box::pin(async move {
-            let host = uri
-                .host()
-                .ok_or("the gRPC endpoint has no host")?
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned();
-            let port = uri.port_u16().unwrap_or(443);
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
-            let name = ServerName::try_from(host)?;
-            let tls = connector.connect(name, tcp).await?;
-            Ok(hyper_util::rt::TokioIo::new(tls))
-        })
     }
 }
