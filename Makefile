@@ -162,7 +162,8 @@ test: setup build test-rust test-e2e test-fuzz
 # see clients/bench/build_llamacpp.sh), and the GGUF files L1 serves besides
 # the shipped SmolLM2 Q4_1: that file converted to F32 and to Q8_0 by
 # llama-quantize, and the 64 M bench model converted to an F32 GGUF by the
-# same sources' convert_hf_to_gguf.py.
+# same sources' convert_hf_to_gguf.py (its tokenizer first padded to the
+# embedding's rows, which llama.cpp requires: clients/bench/pad_vocab.py).
 LLAMACPP_VERSION := 0.3.36
 LLAMACPP   := $(GYRE_CACHE)/llama.cpp/$(LLAMACPP_VERSION)
 L1_MODELS  := .gyre/llamacpp
@@ -177,10 +178,10 @@ $(L1_MODELS)/smollm2-135m-instruct-%.gguf: $(LLAMACPP)/.built
 	@mv $@.tmp $@
 .gyre/bench/llama-64m/STAMP: clients/bench/make_bench_model.py | $(VENV)/.installed
 	$(PY) clients/bench/make_bench_model.py --out .gyre/bench/llama-64m --preset bench
-$(L1_MODELS)/llama-64m-f32.gguf: $(LLAMACPP)/.built .gyre/bench/llama-64m/STAMP
-	@mkdir -p $(@D)
+$(L1_MODELS)/llama-64m-f32.gguf: $(LLAMACPP)/.built .gyre/bench/llama-64m/STAMP clients/bench/pad_vocab.py
+	$(PY) clients/bench/pad_vocab.py .gyre/bench/llama-64m $(L1_MODELS)/llama-64m-padded
 	PYTHONPATH=$(LLAMACPP)/src/gguf-py $(PY) $(LLAMACPP)/src/convert_hf_to_gguf.py \
-	  .gyre/bench/llama-64m --outtype f32 --outfile $@.tmp
+	  $(L1_MODELS)/llama-64m-padded --outtype f32 --outfile $@.tmp
 	@mv $@.tmp $@
 
 # Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random

@@ -259,6 +259,59 @@ fn with_log<T>(result: anyhow::Result<T>, alive: bool, log: &Path) -> anyhow::Re
     })
 }
 
+/// Serves `model` with both, one after the other: its rows and details.
+async fn compare(
+    ctx: &LlamaCtx<'_>,
+    ceilings: &Ceilings,
+    index: usize,
+    model: &Path,
+) -> anyhow::Result<(Vec<Row>, Value)> {
+    let info = GgufInfo::read(model)?;
+    let vocab = u32::try_from(info.vocab_size().unwrap_or(32000)).unwrap_or(u32::MAX);
+    let order = if index.is_multiple_of(2) {
+        [Engine::Gyre, Engine::LlamaCpp]
+    } else {
+        [Engine::LlamaCpp, Engine::Gyre]
+    };
+    let (mut gyre, mut llama) = (Vec::new(), Vec::new());
+    for engine in order {
+        eprintln!(
+            "gyre-bench: L1: {} on {} ...",
+            engine_name(engine),
+            model.display()
+        );
+        let levels = serve_and_measure(ctx, engine, model, index, vocab)
+            .await
+            .with_context(|| format!("{} on {}", engine_name(engine), model.display()))?;
+        match engine {
+            Engine::Gyre => gyre = levels,
+            Engine::LlamaCpp => llama = levels,
+        }
+    }
+    let label = format!(
+        "{} ({}, {:.0} M params)",
+        model
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
+        info.main_type(),
+        info.params_per_token() as f64 / 1e6
+    );
+    let rows = model_rows(&label, &info, ceilings, &gyre, &llama);
+    let details = json!({
+        "model": model,
+        "label": label,
+        "main_type": info.main_type(),
+        "bytes_by_type": info.bytes_by_type(),
+        "file_bytes": info.file_bytes,
+        "weights_bytes_per_token": info.bytes_per_token(),
+        "params_per_token": info.params_per_token(),
+        "bandwidth_limit_tok_per_s": ceilings.copy_bandwidth / info.bytes_per_token() as f64,
+        "gyre": gyre,
+        "llama_cpp": llama,
+    });
+    Ok((rows, details))
+}
+
 /// The machine's ceilings, measured once.
 struct Ceilings {
     /// Bytes read + written per second.
@@ -304,50 +357,34 @@ pub async fn l1(ctx: &LlamaCtx<'_>) -> Outcome {
     ];
     let mut files = Vec::new();
     for (index, model) in ctx.models.iter().enumerate() {
-        let info = GgufInfo::read(model)?;
-        let vocab = u32::try_from(info.vocab_size().unwrap_or(32000)).unwrap_or(u32::MAX);
-        let order = if index % 2 == 0 {
-            [Engine::Gyre, Engine::LlamaCpp]
-        } else {
-            [Engine::LlamaCpp, Engine::Gyre]
-        };
-        let (mut gyre, mut llama) = (Vec::new(), Vec::new());
-        for engine in order {
-            eprintln!(
-                "gyre-bench: L1: {} on {} ...",
-                engine_name(engine),
-                model.display()
-            );
-            let levels = serve_and_measure(ctx, engine, model, index, vocab)
-                .await
-                .with_context(|| format!("{} on {}", engine_name(engine), model.display()))?;
-            match engine {
-                Engine::Gyre => gyre = levels,
-                Engine::LlamaCpp => llama = levels,
+        match compare(ctx, &ceilings, index, model).await {
+            Ok((file_rows, file)) => {
+                rows.extend(file_rows);
+                files.push(file);
+            }
+            // One file's failure (a model one server cannot load) is
+            // reported in its row; the other files still run.
+            Err(e) => {
+                let e = format!("{e:#}");
+                eprintln!("gyre-bench: L1: {} failed: {e}", model.display());
+                let first = e.lines().next().unwrap_or_default();
+                rows.push(Row::new(
+                    "L1",
+                    &format!("{}: FAILED: {first:.160}", model.display()),
+                ));
+                files.push(json!({"model": model, "error": e}));
             }
         }
-        let label = format!(
-            "{} ({}, {:.0} M params)",
-            model
-                .file_stem()
-                .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
-            info.main_type(),
-            info.params_per_token() as f64 / 1e6
-        );
-        rows.extend(model_rows(&label, &info, &ceilings, &gyre, &llama));
-        files.push(json!({
-            "model": model,
-            "label": label,
-            "main_type": info.main_type(),
-            "bytes_by_type": info.bytes_by_type(),
-            "file_bytes": info.file_bytes,
-            "weights_bytes_per_token": info.bytes_per_token(),
-            "params_per_token": info.params_per_token(),
-            "bandwidth_limit_tok_per_s": ceilings.copy_bandwidth / info.bytes_per_token() as f64,
-            "gyre": gyre,
-            "llama_cpp": llama,
-        }));
     }
+    anyhow::ensure!(
+        files.iter().any(|f| f.get("error").is_none()),
+        "every file failed: {}",
+        files
+            .iter()
+            .filter_map(|f| f["error"].as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     let details = json!({
         "llama_server": ctx.llama_server,
         "threads": ctx.threads,
