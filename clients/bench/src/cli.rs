@@ -208,6 +208,11 @@ pub struct RunArgs {
     /// ~/.cache/gyre/llama.cpp/0.3.36/bin/llama-server (`make llamacpp`).
     #[arg(long, env = "GYRE_BENCH_LLAMA_SERVER")]
     pub llama_server: Option<PathBuf>,
+    /// Extra argument of L1's `llama-server` (repeatable), after its own
+    /// (a later flag wins: `--llama-server-arg=--threads
+    /// --llama-server-arg=1`).
+    #[arg(long = "llama-server-arg", allow_hyphen_values = true)]
+    pub llama_server_args: Vec<String>,
     /// L1's GGUF files, each served by gyre and by llama-server in turn
     /// (`make llamacpp` makes the converted ones).
     #[arg(

@@ -33,6 +33,8 @@ pub struct LlamaOptions<'a> {
     /// Context of each slot, in tokens (`-c` is this times `slots`).
     pub slot_context: usize,
     pub log: PathBuf,
+    /// More arguments, after these.
+    pub extra_args: &'a [String],
 }
 
 impl LlamaOptions<'_> {
@@ -53,6 +55,7 @@ impl LlamaOptions<'_> {
             args.push(value);
         }
         args.extend(["--cont-batching", "--no-cache-prompt", "--no-webui"].map(String::from));
+        args.extend(self.extra_args.iter().cloned());
         args
     }
 }
@@ -159,9 +162,11 @@ mod tests {
             slots: 16,
             slot_context: 256,
             log: PathBuf::from("/tmp/l.log"),
+            extra_args: &["--threads".into(), "1".into()],
         };
         let args = opts.args().join(" ");
         assert!(args.starts_with("--model /m.gguf --host 127.0.0.1 --port 0"));
+        assert!(args.ends_with("--no-webui --threads 1"), "{args}");
         for want in [
             "--parallel 16",
             "--ctx-size 4096",

@@ -96,6 +96,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         rounds: args.l1_rounds.unwrap_or(if args.quick { 1 } else { 3 }),
         seed: args.seed,
         server_args: &args.server_args,
+        llama_server_args: &args.llama_server_args,
     };
     let llama_results = tokio::select! {
         results = scenarios::run_llamacpp(&llama_ctx, &args.only) => results,

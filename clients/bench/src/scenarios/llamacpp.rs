@@ -59,6 +59,8 @@ pub struct LlamaCtx<'a> {
     pub seed: u64,
     /// Extra arguments of `gyre serve`.
     pub server_args: &'a [String],
+    /// Extra arguments of `llama-server`.
+    pub llama_server_args: &'a [String],
 }
 
 /// Which server.
@@ -240,6 +242,7 @@ async fn serve_and_measure(
                 slots: most,
                 slot_context: (ctx.prompt_len + ctx.new_tokens as usize + 64).next_power_of_two(),
                 log: ctx.scratch.join(format!("l1-llama-{index}.log")),
+                extra_args: ctx.llama_server_args,
             })
             .await?;
             let levels = measure(ctx, server.http_addr, vocab).await;
@@ -391,6 +394,7 @@ pub async fn l1(ctx: &LlamaCtx<'_>) -> Outcome {
         "streams": ctx.streams,
         "prompt_tokens": ctx.prompt_len,
         "new_tokens": ctx.new_tokens,
+        "llama_server_args": ctx.llama_server_args,
         "rounds": ctx.rounds,
         "copy_bandwidth_bytes_per_s": ceilings.copy_bandwidth,
         "matmul_peak": ceilings.matmul,
