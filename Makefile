@@ -21,7 +21,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench prometheus chromium
+.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench llamacpp prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -166,12 +166,42 @@ test-fuzz: models $(CARGO_FUZZ)
 
 test: setup build test-rust test-e2e test-fuzz
 
+# llama.cpp for the bench's L1 (gyre vs llama-server on the same GGUF
+# files): llama-server and llama-quantize built once from the llama.cpp
+# sources inside llama-cpp-python's source distribution (fetched with pip;
+# see clients/bench/build_llamacpp.sh), and the GGUF files L1 serves besides
+# the shipped SmolLM2 Q4_1: that file converted to F32 and to Q8_0 by
+# llama-quantize, and the 64 M bench model converted to an F32 GGUF by the
+# same sources' convert_hf_to_gguf.py (its tokenizer first padded to the
+# embedding's rows, which llama.cpp requires: clients/bench/pad_vocab.py).
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP   := $(GYRE_CACHE)/llama.cpp/$(LLAMACPP_VERSION)
+L1_MODELS  := .gyre/llamacpp
+SMOLLM2    := $(MODELS)/smollm2-135m-instruct.gguf
+llamacpp: $(L1_MODELS)/smollm2-135m-instruct-f32.gguf $(L1_MODELS)/smollm2-135m-instruct-q8_0.gguf $(L1_MODELS)/llama-64m-f32.gguf
+$(LLAMACPP)/.built: clients/bench/build_llamacpp.sh | $(VENV)/.installed
+	clients/bench/build_llamacpp.sh $(PY) $(LLAMACPP_VERSION) $(LLAMACPP)
+$(L1_MODELS)/smollm2-135m-instruct-%.gguf: $(LLAMACPP)/.built
+	@test -e $(SMOLLM2) || $(MAKE) models
+	@mkdir -p $(@D)
+	$(LLAMACPP)/bin/llama-quantize --allow-requantize $(SMOLLM2) $@.tmp $$(echo $* | tr a-z A-Z)
+	@mv $@.tmp $@
+.gyre/bench/llama-64m/STAMP: clients/bench/make_bench_model.py | $(VENV)/.installed
+	$(PY) clients/bench/make_bench_model.py --out .gyre/bench/llama-64m --preset bench
+$(L1_MODELS)/llama-64m-f32.gguf: $(LLAMACPP)/.built .gyre/bench/llama-64m/STAMP clients/bench/pad_vocab.py
+	$(PY) clients/bench/pad_vocab.py .gyre/bench/llama-64m $(L1_MODELS)/llama-64m-padded
+	PYTHONPATH=$(LLAMACPP)/src/gguf-py $(PY) $(LLAMACPP)/src/convert_hf_to_gguf.py \
+	  $(L1_MODELS)/llama-64m-padded --outtype f32 --outfile $@.tmp
+	@mv $@.tmp $@
+
 # Benchmark gyre (gRPC + OpenAI HTTP) against transformers on a 64 M random
-# Llama, and gyre's embeddings against sentence-transformers on
-# all-MiniLM-L6-v2 (E1), side by side in one run; ARGS=--quick for a smoke
-# run, ARGS="--only E1" for embeddings alone.
-bench: venv models build
-	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json $(ARGS)
+# Llama, gyre's embeddings against sentence-transformers on
+# all-MiniLM-L6-v2 (E1), and gyre against llama.cpp on the same GGUF files
+# (L1), side by side in one run; ARGS=--quick for a smoke run, ARGS="--only
+# E1" for embeddings alone.
+bench: venv models build llamacpp
+	$(BIN)/gyre-bench run --python $(PY) --json-out .gyre/bench/results.json \
+	  --llama-server $(LLAMACPP)/bin/llama-server $(ARGS)
 
 # The last check: no crate may turn on tonic's TLS (docs/ARCHITECTURE.md,
 # TLS): with it compiled in, tonic refuses the https:// endpoints that gyre's

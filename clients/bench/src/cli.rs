@@ -34,8 +34,8 @@ pub enum Command {
     /// Start `gyre serve` on a model, run scenarios S1-S5 against it and
     /// transformers, and E1 (embeddings) against sentence-transformers on an
     /// embedding model, and P1 (prompt lookup) and D1 (a draft model) on a
-    /// real chat model (G1, G2 when --only names them); print a table and
-    /// write JSON.
+    /// real chat model, and L1 (llama.cpp's llama-server on the same GGUF
+    /// files) (G1, G2 when --only names them); print a table and write JSON.
     Run(Box<RunArgs>),
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
@@ -204,6 +204,40 @@ pub struct RunArgs {
     /// D1's tokens proposed per step (`num_assistant_tokens`).
     #[arg(long, default_value_t = 5)]
     pub draft_tokens: u32,
+    /// L1's `llama-server` binary. Default:
+    /// ~/.cache/gyre/llama.cpp/0.3.36/bin/llama-server (`make llamacpp`).
+    #[arg(long, env = "GYRE_BENCH_LLAMA_SERVER")]
+    pub llama_server: Option<PathBuf>,
+    /// Extra argument of L1's `llama-server` (repeatable), after its own
+    /// (a later flag wins: `--llama-server-arg=--threads
+    /// --llama-server-arg=1`).
+    #[arg(long = "llama-server-arg", allow_hyphen_values = true)]
+    pub llama_server_args: Vec<String>,
+    /// L1's GGUF files, each served by gyre and by llama-server in turn
+    /// (`make llamacpp` makes the converted ones).
+    #[arg(
+        long,
+        env = "GYRE_BENCH_L1_MODELS",
+        value_delimiter = ',',
+        default_value = ".gyre/models/smollm2-135m-instruct.gguf,\
+            .gyre/llamacpp/smollm2-135m-instruct-q8_0.gguf,\
+            .gyre/llamacpp/smollm2-135m-instruct-f32.gguf,\
+            .gyre/llamacpp/llama-64m-f32.gguf"
+    )]
+    pub l1_models: Vec<PathBuf>,
+    /// L1's concurrency levels (HTTP streams).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub l1_streams: Vec<usize>,
+    /// L1's prompt length (random token ids).
+    #[arg(long, default_value_t = 32)]
+    pub l1_prompt_tokens: usize,
+    /// L1's new tokens per request (EOS ignored, so exactly this many).
+    #[arg(long, default_value_t = 64)]
+    pub l1_new_tokens: u32,
+    /// L1's rounds per level and server (the median counts). Default: 3
+    /// (1 with --quick).
+    #[arg(long)]
+    pub l1_rounds: Option<usize>,
     /// D1's sampling temperature (0: greedy, and both sides' answers must
     /// be the same text; above 0, each round's two requests are sampled
     /// with one seed, and the answers are not compared).

@@ -31,7 +31,7 @@ pub struct HttpTarget {
 }
 
 /// The JSON body for `spec`: greedy, EOS ignored (vLLM's `ignore_eos`),
-/// usage asked for at the end of the stream.
+/// usage asked for at the end of the stream, and `spec.extra_body`'s fields.
 pub fn body(spec: &RequestSpec, model: &str) -> Value {
     let prompt = match &spec.prompt {
         Prompt::Ids(ids) => json!(ids),
@@ -49,6 +49,9 @@ pub fn body(spec: &RequestSpec, model: &str) -> Value {
     });
     if let Some(salt) = &spec.cache_salt {
         body["cache_salt"] = json!(salt);
+    }
+    for (key, value) in &spec.extra_body {
+        body[key] = value.clone();
     }
     body
 }

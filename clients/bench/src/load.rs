@@ -31,6 +31,9 @@ pub struct RequestSpec {
     /// Drop the stream once this many output events arrived.
     pub cancel_after: Option<u32>,
     pub cache_salt: Option<String>,
+    /// More fields of the HTTP request's JSON body (a server's own options,
+    /// e.g. llama-server's `cache_prompt`); gRPC requests ignore them.
+    pub extra_body: serde_json::Map<String, serde_json::Value>,
 }
 
 impl RequestSpec {
@@ -41,6 +44,7 @@ impl RequestSpec {
             max_tokens,
             cancel_after: None,
             cache_salt: None,
+            extra_body: serde_json::Map::new(),
         }
     }
 }

@@ -3,9 +3,12 @@
 //! HuggingFace model directory (see `scenarios` and the README section).
 #![forbid(unsafe_code)]
 
+mod ceilings;
 mod cli;
+mod gguf_info;
 mod grpc;
 mod http;
+mod llama_server;
 mod load;
 mod load_cmd;
 mod otlp;

@@ -13,6 +13,7 @@ use crate::load::Clients;
 use crate::reference::Python;
 use crate::report;
 use crate::scenarios::embeddings::EmbedCtx;
+use crate::scenarios::llamacpp::LlamaCtx;
 use crate::scenarios::lookup::LookupCtx;
 use crate::scenarios::{self, Ctx, Sizes};
 use crate::server::{Server, ServerOptions};
@@ -74,6 +75,33 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         results = scenarios::run_lookup(&lookup_ctx, &args.only) => results,
         () = interrupted() => anyhow::bail!("interrupted"),
     };
+    let llama_ctx = LlamaCtx {
+        gyre_bin: &bin,
+        llama_server: args
+            .llama_server
+            .clone()
+            .unwrap_or_else(default_llama_server),
+        models: args
+            .l1_models
+            .iter()
+            .map(std::path::absolute)
+            .collect::<Result<_, _>>()?,
+        python: &python,
+        threads,
+        device: &args.device,
+        scratch: &scratch,
+        streams: args.l1_streams.clone(),
+        prompt_len: args.l1_prompt_tokens,
+        new_tokens: args.l1_new_tokens,
+        rounds: args.l1_rounds.unwrap_or(if args.quick { 1 } else { 3 }),
+        seed: args.seed,
+        server_args: &args.server_args,
+        llama_server_args: &args.llama_server_args,
+    };
+    let llama_results = tokio::select! {
+        results = scenarios::run_llamacpp(&llama_ctx, &args.only) => results,
+        () = interrupted() => anyhow::bail!("interrupted"),
+    };
     let load_after = loadavg();
     let mut results = generative
         .as_ref()
@@ -81,6 +109,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         .unwrap_or_default();
     results.extend(embed_results);
     results.extend(lookup_results);
+    results.extend(llama_results);
 
     println!("\n$ {command}");
     if let Some(g) = &generative {
@@ -97,6 +126,13 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
             "embedding model {}, {threads} threads, device {}",
             embed_ctx.model.display(),
             args.device
+        );
+    }
+    if scenarios::selected(&args.only, "L1") {
+        println!(
+            "L1: llama-server {}, {threads} threads, GGUF files {:?}",
+            llama_ctx.llama_server.display(),
+            llama_ctx.models
         );
     }
     println!("load average {load_before:?} -> {load_after:?}\n");
@@ -119,6 +155,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         "embedding_model": scenarios::selected(&args.only, "E1").then_some(&embed_ctx.model),
         "lookup_model": scenarios::selected(&args.only, "P1").then_some(&lookup_ctx.model),
         "draft_model": scenarios::selected(&args.only, "D1").then_some(&lookup_ctx.draft),
+        "llama_server": scenarios::selected(&args.only, "L1").then_some(&llama_ctx.llama_server),
         "threads": threads,
         "device": args.device,
         "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
@@ -300,6 +337,14 @@ fn loadavg() -> Vec<f64> {
         .take(3)
         .filter_map(|v| v.parse().ok())
         .collect()
+}
+
+/// L1's default `llama-server`: where `make llamacpp` builds it.
+fn default_llama_server() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(".cache/gyre/llama.cpp/0.3.36/bin/llama-server")
 }
 
 /// `--gyre-bin`, else `gyre` beside this executable, else `gyre` on PATH.

@@ -13,6 +13,7 @@
 //! | P1 | prompt lookup vs plain decoding, 1 stream, edit-style chat on SmolLM2-135M-Instruct (its own server), tok/s | ratio >= 1.5 |
 //! | G1 | 1, 8, 64, 256 concurrent streams over gRPC and over HTTP vs transformers static batches of the same sizes (one process): output tok/s, TTFT and ITL p50/p99 | - |
 //! | G2 | TTFT of 64 streams of 2,048-token prompts over gRPC: a burst, and closed-loop streams in steady state | p99 <= 800 ms (steady) |
+//! | L1 | gyre vs llama.cpp's `llama-server` on the same GGUF files (each its own server, one at a time), 1 and 16 HTTP streams: output tok/s, TTFT, ITL, against the bandwidth limit and the matmul peak | ratio >= 1.0 (1 stream), >= 1.5 (16) |
 //!
 //! G1 and G2 (sized for a GPU) run only when `--only` names them.
 //!
@@ -22,6 +23,7 @@
 mod beam;
 mod cancel;
 pub mod embeddings;
+pub mod llamacpp;
 pub mod lookup;
 pub mod ops;
 mod overhead;
@@ -41,8 +43,8 @@ use crate::report::{Row, ScenarioResult};
 use crate::stats::Record;
 
 /// Every scenario id, in run order.
-pub const ALL: [&str; 12] = [
-    "S1", "S2", "S3", "S4", "S5", "O1", "B1", "G1", "G2", "E1", "P1", "D1",
+pub const ALL: [&str; 13] = [
+    "S1", "S2", "S3", "S4", "S5", "O1", "B1", "G1", "G2", "E1", "P1", "D1", "L1",
 ];
 
 /// Scenarios that run only when `--only` names them (sized for a GPU).
@@ -302,6 +304,14 @@ pub async fn run_lookup(ctx: &lookup::LookupCtx<'_>, only: &[String]) -> Vec<Sce
     results
 }
 
+/// Runs L1 when `only` selects it.
+pub async fn run_llamacpp(ctx: &llamacpp::LlamaCtx<'_>, only: &[String]) -> Vec<ScenarioResult> {
+    if !selected(only, "L1") {
+        return Vec::new();
+    }
+    vec![run_one("L1", llamacpp::l1(ctx)).await]
+}
+
 /// Runs the generative scenarios (S1-S5, O1, B1, G1, G2) in `only` (all
 /// but [`OPT_IN`] when empty), in the order of [`ALL`].
 pub async fn run(ctx: &Ctx, only: &[String]) -> Vec<ScenarioResult> {
@@ -354,6 +364,7 @@ pub fn title(id: &str) -> &'static str {
         "D1" => "draft model (the model's first layers) vs plain decoding: 1 stream, as P1",
         "G1" => "throughput per concurrency level, gRPC and HTTP, vs transformers batches",
         "G2" => "TTFT of many streams with long prompts: a burst, then steady state (gRPC)",
+        "L1" => "gyre vs llama.cpp llama-server on the same GGUF files: 1 and 16 HTTP streams",
         _ => "?",
     }
 }
@@ -375,6 +386,7 @@ mod tests {
         assert!(selected(&only(&["g1", "G2"]), "G1") && selected(&only(&["G2"]), "G2"));
         assert!(!selected(&only(&["G1"]), "S1"));
         assert!(needs_generative(&only(&["G2"])) && needs_generative(&[]));
-        assert!(!needs_generative(&only(&["E1", "P1", "D1"])));
+        assert!(!needs_generative(&only(&["E1", "P1", "D1", "L1"])));
+        assert!(selected(&[], "L1") && selected(&only(&["l1"]), "L1"));
     }
 }

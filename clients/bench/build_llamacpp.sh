@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-server` and `llama-quantize` for gyre-bench's L1
+# (gyre vs llama.cpp on the same GGUF files), once per version.
+#
+# Usage: clients/bench/build_llamacpp.sh PYTHON VERSION DEST
+#
+# The sources are the llama.cpp copy vendored in llama-cpp-python's source
+# distribution (vendor/llama.cpp) of that VERSION, fetched with PYTHON's pip from the Python
+# package registry (`pip download --no-binary`), so a machine that reaches
+# only the package registries can build it. cmake comes from PATH, else it is
+# installed into PYTHON's environment with pip. The build is CPU only, tuned
+# for this machine (GGML_NATIVE), without HTTPS, the web UI or tests, on two
+# jobs. DEST gets src/ (the unpacked sources, kept for convert_hf_to_gguf.py
+# and its gguf-py), build/, bin/llama-server, bin/llama-quantize, and a
+# .built stamp: a re-run with the stamp present exits at once. The converter
+# imports sentencepiece, which gyre's environment lacks: it is installed into
+# PYTHON's environment here.
+set -euo pipefail
+
+CMAKE_VERSION=3.31.10
+SENTENCEPIECE_VERSION=0.2.1
+usage="usage: build_llamacpp.sh PYTHON VERSION DEST"
+PY=${1:?$usage}
+LLAMA_CPP_PYTHON_VERSION=${2:?$usage}
+DEST=${3:?$usage}
+
+if [ -f "$DEST/.built" ]; then
+  exit 0
+fi
+mkdir -p "$DEST/download"
+sdist="$DEST/download/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+if [ ! -f "$sdist" ]; then
+  # --no-binary for this package only: its build requirements may come as
+  # wheels (pip prepares the sdist's metadata with them).
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps \
+    --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$DEST/download"
+fi
+if [ ! -f "$DEST/src/CMakeLists.txt" ]; then
+  rm -rf "$DEST/src" "$DEST/src.tmp"
+  mkdir -p "$DEST/src.tmp"
+  tar xzf "$sdist" -C "$DEST/src.tmp" --strip-components=3 \
+    "llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+  mv "$DEST/src.tmp" "$DEST/src"
+fi
+
+cmake=$(command -v cmake || true)
+if [ -z "$cmake" ]; then
+  "$PY" -m pip install -q --disable-pip-version-check "cmake==$CMAKE_VERSION"
+  cmake="$(dirname "$PY")/cmake"
+fi
+"$cmake" -S "$DEST/src" -B "$DEST/build" -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
+"$cmake" --build "$DEST/build" --config Release -j 2 --target llama-server llama-quantize
+mkdir -p "$DEST/bin"
+cp "$DEST/build/bin/llama-server" "$DEST/build/bin/llama-quantize" "$DEST/bin/"
+"$PY" -c 'import sentencepiece' 2>/dev/null ||
+  "$PY" -m pip install -q --disable-pip-version-check "sentencepiece==$SENTENCEPIECE_VERSION"
+touch "$DEST/.built"

@@ -1,0 +1,591 @@
+//! L1: gyre against llama.cpp's `llama-server` on the same GGUF files, at 1
+//! and 16 concurrent streams through each one's OpenAI HTTP API.
+//!
+//! For each file, one server at a time (never both loaded while one is
+//! measured; which goes first alternates from file to file): `gyre serve
+//! --model FILE`, and `llama-server` on the same file with 16 slots,
+//! continuous batching, no prompt cache and the same thread count (see
+//! `llama_server.rs`). Both get the same requests from the load generator:
+//! streaming `/v1/completions` with prompts of random token ids (so both see
+//! exactly the same prompt tokens), greedy, EOS ignored, `new_tokens` each;
+//! every request must come back with exactly that many tokens. Per level,
+//! the median over `rounds` rounds of output tokens / wall time counts
+//! (fresh prompts each round, the same ones for both servers), with TTFT
+//! p50/p99, inter-token latency p50 and time per output token over all the
+//! rounds' requests. Targets: gyre / llama.cpp >= 1.0 at 1 stream and >= 1.5
+//! at 16.
+//!
+//! Ceilings (`ceilings.rs`), measured once per run: at 1 stream, the weights
+//! a decode step reads (`gguf_info.rs`) over the memory copy bandwidth gives
+//! the bandwidth limit in tokens/s, and each server's decode rate (1 / time
+//! per output token p50) is shown as a share of it (target for gyre on an
+//! f32 file: >= 80%); at 16 streams, 2 x the matrices' parameters x output
+//! tok/s is shown against the f32 matrix-product peak.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::Outcome;
+use crate::ceilings::{self, MatmulPeak};
+use crate::gguf_info::GgufInfo;
+use crate::http::HttpTarget;
+use crate::llama_server::{LlamaOptions, LlamaServer};
+use crate::load::{self, Api, Arrival, Clients, Prompt, RequestSpec};
+use crate::reference::Python;
+use crate::report::Row;
+use crate::server::{Server, ServerOptions};
+use crate::stats::{Record, Summary};
+
+/// What L1 needs.
+pub struct LlamaCtx<'a> {
+    pub gyre_bin: &'a Path,
+    pub llama_server: PathBuf,
+    /// GGUF files, each served in turn by both.
+    pub models: Vec<PathBuf>,
+    pub python: &'a Python,
+    pub threads: usize,
+    pub device: &'a str,
+    pub scratch: &'a Path,
+    /// Concurrency levels (1 and 16).
+    pub streams: Vec<usize>,
+    pub prompt_len: usize,
+    pub new_tokens: u32,
+    /// Rounds per level (the median counts).
+    pub rounds: usize,
+    pub seed: u64,
+    /// Extra arguments of `gyre serve`.
+    pub server_args: &'a [String],
+    /// Extra arguments of `llama-server`.
+    pub llama_server_args: &'a [String],
+}
+
+/// Which server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Engine {
+    Gyre,
+    LlamaCpp,
+}
+
+/// One server's figures at one concurrency level.
+#[derive(Debug, Clone, Serialize)]
+struct Level {
+    streams: usize,
+    /// Median over the rounds of output tokens / wall time.
+    tok_per_s: f64,
+    rounds_tok_per_s: Vec<f64>,
+    /// Over every round's requests.
+    summary: Summary,
+}
+
+impl Level {
+    /// Decode tokens per second of one stream: 1 / time per output token
+    /// (p50), prefill left out.
+    fn decode_tok_per_s(&self) -> f64 {
+        1e3 / self.summary.tpot_ms.p50
+    }
+
+    fn latency(&self) -> String {
+        let s = &self.summary;
+        format!(
+            "{:.1} / {:.1}, {:.2}",
+            s.ttft_ms.p50, s.ttft_ms.p99, s.itl_ms.p50
+        )
+    }
+}
+
+/// The target ratio gyre / llama.cpp at `streams` concurrent streams.
+fn target(streams: usize) -> Option<f64> {
+    match streams {
+        1 => Some(1.0),
+        16 => Some(1.5),
+        _ => None,
+    }
+}
+
+/// The request every stream sends: `prompt`, `new_tokens` greedy tokens,
+/// EOS ignored; llama-server's prompt cache off for it too.
+fn spec(prompt: Vec<u32>, new_tokens: u32) -> RequestSpec {
+    let mut spec = RequestSpec::new(Prompt::Ids(prompt), new_tokens);
+    spec.extra_body.insert("cache_prompt".into(), json!(false));
+    spec
+}
+
+/// Why a round's records do not count: a failed request, or one whose
+/// token count is not `new_tokens` (both must do the same work).
+fn check(records: &[Record], new_tokens: u32) -> anyhow::Result<()> {
+    let summary = Summary::of(records);
+    anyhow::ensure!(
+        summary.errors == 0,
+        "{} of {} requests failed: {:?}",
+        summary.errors,
+        summary.requests,
+        summary.error_samples
+    );
+    if let Some(r) = records.iter().find(|r| r.tokens != new_tokens) {
+        anyhow::bail!(
+            "a request returned {} tokens, not {new_tokens} (EOS not ignored?)",
+            r.tokens
+        );
+    }
+    Ok(())
+}
+
+/// The first model id `GET /v1/models` lists.
+async fn model_id(addr: std::net::SocketAddr) -> anyhow::Result<String> {
+    let (status, body) = crate::http::get(addr, "/v1/models", None).await?;
+    anyhow::ensure!(status.is_success(), "GET /v1/models: HTTP {status}");
+    let models: Value = serde_json::from_slice(&body)?;
+    models
+        .pointer("/data/0/id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .context("GET /v1/models lists no model")
+}
+
+/// Runs the levels against the server at `addr`: a warm-up, then `rounds`
+/// rounds per level. `vocab` bounds the prompts' token ids.
+async fn measure(
+    ctx: &LlamaCtx<'_>,
+    addr: std::net::SocketAddr,
+    vocab: u32,
+) -> anyhow::Result<Vec<Level>> {
+    let clients = Clients {
+        grpc_url: String::new(),
+        grpc: Vec::new(),
+        http: Some(HttpTarget {
+            addr,
+            model: model_id(addr).await?,
+            api_key: None,
+        }),
+    };
+    let ids = 300..vocab.saturating_sub(300).max(301);
+    let run = |specs: Vec<RequestSpec>| {
+        let clients = clients.clone();
+        async move {
+            let arrival = Arrival::Concurrent {
+                streams: specs.len(),
+                per_stream: 1,
+            };
+            load::run(&clients, Api::Http, &arrival, &specs, Instant::now()).await
+        }
+    };
+    // Warm-up: one stream, then a full batch, of short requests.
+    let most = ctx.streams.iter().copied().max().unwrap_or(1);
+    for n in [1, most] {
+        let prompts = load::random_prompts(n, ctx.prompt_len, ids.clone(), ctx.seed ^ 0x5eed);
+        check(
+            &run(prompts.into_iter().map(|p| spec(p, 4)).collect()).await,
+            4,
+        )?;
+    }
+    let mut levels = Vec::new();
+    for &n in &ctx.streams {
+        let (mut rates, mut records) = (Vec::new(), Vec::new());
+        for round in 0..ctx.rounds.max(1) {
+            let seed = ctx.seed.wrapping_mul(1_000_003) + (n * 1000 + round) as u64;
+            let prompts = load::random_prompts(n, ctx.prompt_len, ids.clone(), seed);
+            let round_records = run(prompts
+                .into_iter()
+                .map(|p| spec(p, ctx.new_tokens))
+                .collect())
+            .await;
+            check(&round_records, ctx.new_tokens)
+                .with_context(|| format!("{n} streams, round {round}"))?;
+            rates.push(Summary::of(&round_records).output_tok_per_s);
+            records.extend(round_records);
+        }
+        levels.push(Level {
+            streams: n,
+            tok_per_s: super::median(&rates),
+            rounds_tok_per_s: rates,
+            summary: Summary::of(&records),
+        });
+    }
+    Ok(levels)
+}
+
+/// Serves `model` with `engine`, measures it, and stops it.
+async fn serve_and_measure(
+    ctx: &LlamaCtx<'_>,
+    engine: Engine,
+    model: &Path,
+    index: usize,
+    vocab: u32,
+) -> anyhow::Result<Vec<Level>> {
+    match engine {
+        Engine::Gyre => {
+            let mut server = Server::start(ServerOptions {
+                bin: ctx.gyre_bin,
+                model,
+                device: ctx.device,
+                threads: ctx.threads,
+                log: ctx.scratch.join(format!("l1-gyre-{index}.log")),
+                extra_args: ctx.server_args,
+            })
+            .await?;
+            let levels = measure(ctx, server.http_addr, vocab).await;
+            let (alive, log) = (server.alive(), server.log.clone());
+            server.stop().await;
+            with_log(levels, alive, &log)
+        }
+        Engine::LlamaCpp => {
+            let most = ctx.streams.iter().copied().max().unwrap_or(1);
+            let mut server = LlamaServer::start(LlamaOptions {
+                bin: &ctx.llama_server,
+                model,
+                threads: ctx.threads,
+                slots: most,
+                slot_context: (ctx.prompt_len + ctx.new_tokens as usize + 64).next_power_of_two(),
+                log: ctx.scratch.join(format!("l1-llama-{index}.log")),
+                extra_args: ctx.llama_server_args,
+            })
+            .await?;
+            let levels = measure(ctx, server.http_addr, vocab).await;
+            let (alive, log) = (server.alive(), server.log.clone());
+            server.stop().await;
+            with_log(levels, alive, &log)
+        }
+    }
+}
+
+/// A failed measurement with where the server's log is, and whether the
+/// server had died.
+fn with_log<T>(result: anyhow::Result<T>, alive: bool, log: &Path) -> anyhow::Result<T> {
+    result.with_context(|| {
+        let state = if alive { "running" } else { "dead" };
+        format!("server {state}, log {}", log.display())
+    })
+}
+
+/// Serves `model` with both, one after the other: its rows and details.
+async fn compare(
+    ctx: &LlamaCtx<'_>,
+    ceilings: &Ceilings,
+    index: usize,
+    model: &Path,
+) -> anyhow::Result<(Vec<Row>, Value)> {
+    let info = GgufInfo::read(model)?;
+    let vocab = u32::try_from(info.vocab_size().unwrap_or(32000)).unwrap_or(u32::MAX);
+    let order = if index.is_multiple_of(2) {
+        [Engine::Gyre, Engine::LlamaCpp]
+    } else {
+        [Engine::LlamaCpp, Engine::Gyre]
+    };
+    let (mut gyre, mut llama) = (Vec::new(), Vec::new());
+    for engine in order {
+        eprintln!(
+            "gyre-bench: L1: {} on {} ...",
+            engine_name(engine),
+            model.display()
+        );
+        let levels = serve_and_measure(ctx, engine, model, index, vocab)
+            .await
+            .with_context(|| format!("{} on {}", engine_name(engine), model.display()))?;
+        match engine {
+            Engine::Gyre => gyre = levels,
+            Engine::LlamaCpp => llama = levels,
+        }
+    }
+    let label = format!(
+        "{} ({}, {:.0} M params)",
+        model
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
+        info.main_type(),
+        info.params_per_token() as f64 / 1e6
+    );
+    let rows = model_rows(&label, &info, ceilings, &gyre, &llama);
+    let details = json!({
+        "model": model,
+        "label": label,
+        "main_type": info.main_type(),
+        "bytes_by_type": info.bytes_by_type(),
+        "file_bytes": info.file_bytes,
+        "weights_bytes_per_token": info.bytes_per_token(),
+        "params_per_token": info.params_per_token(),
+        "bandwidth_limit_tok_per_s": ceilings.copy_bandwidth / info.bytes_per_token() as f64,
+        "gyre": gyre,
+        "llama_cpp": llama,
+    });
+    Ok((rows, details))
+}
+
+/// The machine's ceilings, measured once.
+struct Ceilings {
+    /// Bytes read + written per second.
+    copy_bandwidth: f64,
+    matmul: Option<MatmulPeak>,
+}
+
+pub async fn l1(ctx: &LlamaCtx<'_>) -> Outcome {
+    anyhow::ensure!(
+        ctx.llama_server.is_file(),
+        "{} is missing (run `make llamacpp`, or pass --llama-server)",
+        ctx.llama_server.display()
+    );
+    for model in &ctx.models {
+        anyhow::ensure!(
+            model.is_file(),
+            "{} is missing (run `make llamacpp`, or pass --l1-models)",
+            model.display()
+        );
+    }
+    let threads = ctx.threads;
+    let copy_bandwidth =
+        tokio::task::spawn_blocking(move || ceilings::copy_bandwidth(threads)).await?;
+    let matmul = match ceilings::matmul_peak(ctx.python, ctx.threads).await {
+        Ok(peak) => Some(peak),
+        Err(e) => {
+            eprintln!("gyre-bench: L1: no matmul peak: {e:#}");
+            None
+        }
+    };
+    let ceilings = Ceilings {
+        copy_bandwidth,
+        matmul,
+    };
+    let mut rows = vec![
+        Row::new("L1", "memory copy bandwidth (read + write, all threads)")
+            .gyre(format!("{:.1} GB/s", copy_bandwidth / 1e9)),
+        Row::new("L1", "f32 matrix-product peak (torch.mm, same threads)").gyre(
+            ceilings.matmul.as_ref().map_or("-".into(), |p| {
+                format!("{:.1} GFLOP/s (n = {})", p.flops / 1e9, p.n)
+            }),
+        ),
+    ];
+    let mut files = Vec::new();
+    for (index, model) in ctx.models.iter().enumerate() {
+        match compare(ctx, &ceilings, index, model).await {
+            Ok((file_rows, file)) => {
+                rows.extend(file_rows);
+                files.push(file);
+            }
+            // One file's failure (a model one server cannot load) is
+            // reported in its row; the other files still run.
+            Err(e) => {
+                let e = format!("{e:#}");
+                eprintln!("gyre-bench: L1: {} failed: {e}", model.display());
+                let first = e.lines().next().unwrap_or_default();
+                rows.push(Row::new(
+                    "L1",
+                    &format!("{}: FAILED: {first:.160}", model.display()),
+                ));
+                files.push(json!({"model": model, "error": e}));
+            }
+        }
+    }
+    anyhow::ensure!(
+        files.iter().any(|f| f.get("error").is_none()),
+        "every file failed: {}",
+        files
+            .iter()
+            .filter_map(|f| f["error"].as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let details = json!({
+        "llama_server": ctx.llama_server,
+        "threads": ctx.threads,
+        "streams": ctx.streams,
+        "prompt_tokens": ctx.prompt_len,
+        "new_tokens": ctx.new_tokens,
+        "llama_server_args": ctx.llama_server_args,
+        "rounds": ctx.rounds,
+        "copy_bandwidth_bytes_per_s": ceilings.copy_bandwidth,
+        "matmul_peak": ceilings.matmul,
+        "files": files,
+    });
+    Ok((rows, details))
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Gyre => "gyre",
+        Engine::LlamaCpp => "llama-server",
+    }
+}
+
+/// The rows of one file: per level, tok/s with the ratio and its target,
+/// latencies, and the ceiling's share (the bandwidth limit at 1 stream, the
+/// matmul peak at more).
+fn model_rows(
+    label: &str,
+    info: &GgufInfo,
+    ceilings: &Ceilings,
+    gyre: &[Level],
+    llama: &[Level],
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (g, l) in gyre.iter().zip(llama) {
+        let n = g.streams;
+        let plural = if n == 1 { "stream" } else { "streams" };
+        let ratio = g.tok_per_s / l.tok_per_s;
+        let mut row = Row::new("L1", &format!("{label}: {n} {plural}, output tok/s"))
+            .gyre(format!("{:.1}", g.tok_per_s))
+            .reference(format!("{:.1} (llama.cpp)", l.tok_per_s));
+        row = match target(n) {
+            Some(t) => row.compare(ratio, &format!(">= {t:.1}"), ratio >= t),
+            None => row.value(ratio),
+        };
+        rows.push(row);
+        rows.push(
+            Row::new(
+                "L1",
+                &format!("  {n} {plural}: TTFT p50 / p99, ITL p50 (ms)"),
+            )
+            .gyre(g.latency())
+            .reference(l.latency()),
+        );
+        if n == 1 {
+            let bytes = info.bytes_per_token() as f64;
+            let limit = ceilings.copy_bandwidth / bytes;
+            let share = |level: &Level| level.decode_tok_per_s() / limit;
+            let show = |level: &Level| {
+                format!(
+                    "{:.1} tok/s, {:.0}%",
+                    level.decode_tok_per_s(),
+                    100.0 * share(level)
+                )
+            };
+            let mut row = Row::new(
+                "L1",
+                &format!(
+                    "  1 stream: decode vs bandwidth limit ({:.1} MB / {:.1} GB/s = {limit:.1} tok/s)",
+                    bytes / 1e6,
+                    ceilings.copy_bandwidth / 1e9
+                ),
+            )
+            .gyre(show(g))
+            .reference(show(l));
+            if info.main_type() == "F32" {
+                row = row.compare(share(g), ">= 0.80 (gyre)", share(g) >= 0.8);
+            } else {
+                row = row.value(share(g));
+            }
+            rows.push(row);
+        } else if let Some(peak) = &ceilings.matmul {
+            let flops = |level: &Level| 2.0 * info.params_per_token() as f64 * level.tok_per_s;
+            let show = |level: &Level| {
+                format!(
+                    "{:.1} GFLOP/s, {:.0}%",
+                    flops(level) / 1e9,
+                    100.0 * flops(level) / peak.flops
+                )
+            };
+            rows.push(
+                Row::new(
+                    "L1",
+                    &format!(
+                        "  {n} streams: 2 x params x tok/s vs f32 matmul peak ({:.1} GFLOP/s)",
+                        peak.flops / 1e9
+                    ),
+                )
+                .gyre(show(g))
+                .reference(show(l))
+                .value(flops(g) / peak.flops),
+            );
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::stats::Outcome as End;
+
+    fn record(tokens: u32, gap_ms: u64) -> Record {
+        let mut r = Record::new(Duration::ZERO);
+        r.events = (0..u64::from(tokens))
+            .map(|i| (Duration::from_millis(100 + i * gap_ms), 1))
+            .collect();
+        r.tokens = tokens;
+        r.elapsed = Duration::from_millis(100 + u64::from(tokens) * gap_ms);
+        r.outcome = End::Finished("length".into());
+        r
+    }
+
+    fn level(streams: usize, tok_per_s: f64, gap_ms: u64) -> Level {
+        Level {
+            streams,
+            tok_per_s,
+            rounds_tok_per_s: vec![tok_per_s],
+            summary: Summary::of(&[record(64, gap_ms)]),
+        }
+    }
+
+    #[test]
+    fn targets_are_the_issues() {
+        assert_eq!(target(1), Some(1.0));
+        assert_eq!(target(16), Some(1.5));
+        assert_eq!(target(4), None);
+    }
+
+    #[test]
+    fn requests_are_greedy_fixed_length_and_uncached() {
+        let body = crate::http::body(&spec(vec![5, 6, 7], 64), "m");
+        assert_eq!(body["prompt"], json!([5, 6, 7]));
+        assert_eq!(body["max_tokens"], 64);
+        assert_eq!(body["ignore_eos"], true);
+        assert_eq!(body["temperature"], 0);
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["cache_prompt"], false);
+    }
+
+    #[test]
+    fn a_short_or_failed_request_fails_the_round() {
+        assert!(check(&[record(64, 10), record(64, 12)], 64).is_ok());
+        let short = check(&[record(64, 10), record(20, 10)], 64);
+        assert!(format!("{:#}", short.expect_err("short")).contains("20 tokens"));
+        let mut failed = record(64, 10);
+        failed.outcome = End::Error("HTTP 500".into());
+        assert!(check(&[failed], 64).is_err());
+    }
+
+    #[test]
+    fn rows_compare_against_targets_and_ceilings() {
+        let info = GgufInfo {
+            tensors: vec![crate::gguf_info::Tensor {
+                name: "blk.0.ffn_up.weight".into(),
+                dims: vec![1000, 1000],
+                ggml_type: 0,
+                bytes: 4_000_000,
+            }],
+            file_bytes: 4_001_000,
+        };
+        let ceilings = Ceilings {
+            copy_bandwidth: 40e9, // 10,000 tok/s for 4 MB a token
+            matmul: Some(MatmulPeak {
+                flops: 100e9,
+                n: 2048,
+                threads: 2,
+                torch: "t".into(),
+            }),
+        };
+        // 1 stream: 10 ms a token = 100 tok/s decode, 1% of the limit.
+        let gyre = [level(1, 90.0, 10), level(16, 600.0, 20)];
+        let llama = [level(1, 100.0, 5), level(16, 300.0, 40)];
+        let rows = model_rows("m (F32, 1 M params)", &info, &ceilings, &gyre, &llama);
+        assert_eq!(rows.len(), 6);
+        assert_eq!(rows[0].ratio, Some(0.9));
+        assert_eq!(rows[0].met, crate::report::Met::No);
+        assert!(
+            rows[2].metric.contains("10000.0 tok/s"),
+            "{}",
+            rows[2].metric
+        );
+        assert_eq!(rows[2].gyre, "100.0 tok/s, 1%");
+        assert_eq!(rows[2].met, crate::report::Met::No);
+        assert_eq!(rows[3].ratio, Some(2.0));
+        assert_eq!(rows[3].met, crate::report::Met::Yes);
+        // 2 x 1 M params x 600 tok/s = 1.2 GFLOP/s of 100.
+        assert_eq!(rows[5].gyre, "1.2 GFLOP/s, 1%");
+    }
+}
