@@ -2,7 +2,9 @@
 //! and kept quantized (int8, int8 with residual, and f32 activations), on the CPU, model steps
 //! straight (no scheduler): each step runs one token through every layer
 //! and the LM head; also the prefill of the prompt (one batch of
-//! `prompt_len` rows). Prints the median step time of each way, interleaved
+//! `prompt_len` rows). Beside wall time it prints the CPU time the process
+//! spent per step (all threads, from `/proc/self/task/*/schedstat`), which
+//! other programs competing for the cores do not inflate. Prints the median step time of each way, interleaved
 //! round by round so that a load change on the machine hits all alike.
 //!
 //!     cargo run --release -p gyre-engine --example quantbench -- <model.gguf> [steps] [rounds] [prompt_len]
@@ -13,9 +15,30 @@ use std::time::Instant;
 use gyre_engine::internals::{Model, SeqInput, load_model_with};
 use gyre_engine::{Activations, DeviceChoice, LoadOptions};
 
-/// Seconds of a `plen`-token prefill and the median seconds of one batch-1
-/// decode step after it.
-fn decode_steps(model: &dyn Model, plen: usize, steps: usize) -> (f64, f64) {
+/// CPU seconds this process's threads have run (Linux), 0 elsewhere.
+fn cpu_seconds() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 * 1e-9
+}
+
+/// What one way measured: prefill wall and CPU seconds, the median decode
+/// step's wall seconds and the mean CPU seconds per decode step.
+struct Timing {
+    prefill: f64,
+    prefill_cpu: f64,
+    step: f64,
+    step_cpu: f64,
+}
+
+/// A `plen`-token prefill, then `steps` batch-1 decode steps.
+fn decode_steps(model: &dyn Model, plen: usize, steps: usize) -> Timing {
     let bs = 16usize;
     let total = plen + steps + 1;
     let blocks = total.div_ceil(bs);
@@ -38,17 +61,25 @@ fn decode_steps(model: &dyn Model, plen: usize, steps: usize) -> (f64, f64) {
         let logits = model.logits(&last).expect("logits");
         logits.argmax(-1, false).int64_value(&[0]) as u32
     };
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_seconds());
     let mut next = run(&prompt, 0, &mut pool);
     let prefill = t0.elapsed().as_secs_f64();
+    let prefill_cpu = cpu_seconds() - c0;
+    let c0 = cpu_seconds();
     let mut times = Vec::with_capacity(steps);
     for s in 0..steps {
         let t0 = Instant::now();
         next = run(&[next], plen + s, &mut pool);
         times.push(t0.elapsed().as_secs_f64());
     }
+    let step_cpu = (cpu_seconds() - c0) / steps as f64;
     times.sort_by(f64::total_cmp);
-    (prefill, times[times.len() / 2])
+    Timing {
+        prefill,
+        prefill_cpu,
+        step: times[times.len() / 2],
+        step_cpu,
+    }
 }
 
 fn main() {
@@ -81,13 +112,15 @@ fn main() {
     println!("libtorch threads: {}", tch::get_num_threads());
     for round in 0..rounds {
         for ((name, ..), model) in ways.iter().zip(&models) {
-            let (prefill, t) = decode_steps(model.as_ref(), plen, steps);
+            let t = decode_steps(model.as_ref(), plen, steps);
             println!(
-                "round {round}: {name}: median decode step {:.2} ms = {:.1} tok/s; \
-                 prefill of {plen} tokens {:.0} ms",
-                t * 1e3,
-                1.0 / t,
-                prefill * 1e3
+                "round {round}: {name}: decode step {:.2} ms median = {:.1} tok/s, \
+                 {:.2} CPU-ms; prefill of {plen} tokens {:.0} ms, {:.0} CPU-ms",
+                t.step * 1e3,
+                1.0 / t.step,
+                t.step_cpu * 1e3,
+                t.prefill * 1e3,
+                t.prefill_cpu * 1e3
             );
         }
     }
