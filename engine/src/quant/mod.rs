@@ -10,27 +10,33 @@
 //! then the 16 columns' f16 scales (and Q4_1's f16 mins). The bits per weight
 //! stay the format's own.
 //!
-//! Two kernels (see [`Activations`]):
-//! - `Int8` (default): each row of activations is quantized per 32-block to
-//!   int8 with an f32 scale `dx = max|x| / 127` and the block's sum of
-//!   quants, and a block's dot product is integer (`vpdpbusd` on AVX-512
-//!   VNNI), exact; per block, `acc += (d * dx) * isum` (+ `m * dx * sum` for
-//!   Q4_1). The weights' quants are stored unsigned (Q8_0's offset by 128,
-//!   Q4's are 0..15), and the offset is taken off with the block's sum.
+//! Two kernels, three kinds of activations (see [`Activations`] and
+//! `activations.rs`):
+//! - integer: each row of activations is quantized per 32-block to int8
+//!   with an f32 scale `dx = max|x| / 127` and the block's sum of quants
+//!   (`Int8`, as llama.cpp does), and by default also the rounding residual,
+//!   to int8 at `dx / 128` (`Int8Residual`). A block's dot product is
+//!   integer (`vpdpbusd` on AVX-512 VNNI), exact; per block,
+//!   `acc += (d * dx) * isum` (and `(d * dx / 128) * isum2` for the
+//!   residual), plus `m * sum x` for Q4_1. The weights' quants are stored
+//!   unsigned (Q8_0's offset by 128, Q4's are 0..15), and the offset is taken
+//!   off with the block's sum of activation quants.
 //! - `F32`: the block's quants are widened to f32 and multiplied with f32
 //!   activations (`blk = sum q x`, in k order), then `acc += d * blk`
 //!   (+ `m * sum x` for Q4_1). No activation rounding; more instructions.
 //!
-//! Both sum each output in an order fixed by k alone, so a row's result does
-//! not depend on the batch, and the portable kernels do the same operations
-//! in the same order, so SIMD and portable agree to the bit.
+//! Each output is summed in an order fixed by k alone, so a row's result
+//! does not depend on the batch, and the portable kernels do the same
+//! operations in the same order, so SIMD and portable agree to the bit.
 
+mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod rows;
 #[cfg(test)]
 mod tests;
 
+use activations::{F32Rows, QuantizedRows, RESIDUAL_STEP, Rows};
 pub(crate) use rows::QuantRows;
 use tch::Tensor;
 
@@ -425,126 +431,6 @@ impl QuantMatrix {
                 }
             }
         }
-    }
-}
-
-/// A step's activations as a kernel reads them.
-enum Rows<'a> {
-    Int8(QuantizedRows),
-    F32(F32Rows<'a>),
-}
-
-/// Activations quantized per 32-block: int8 quants `q`, the block's scale
-/// `dx` and the sum of its quants; with `residual`, also the rounding
-/// residual `x - dx q` quantized to int8 at `dx / 128` (and its sum). `sx`
-/// is the block's sum as the quants give it (for Q4_1's mins).
-struct QuantizedRows {
-    blocks: usize,
-    q: Vec<i8>,
-    d: Vec<f32>,
-    sum: Vec<i32>,
-    sx: Vec<f32>,
-    residual: Option<(Vec<i8>, Vec<i32>)>,
-}
-
-/// One block of [`QuantizedRows`].
-struct QuantBlock<'a> {
-    q: &'a [i8],
-    dx: f32,
-    sum: i32,
-    sx: f32,
-    /// The residual's quants and their sum.
-    residual: Option<(&'a [i8], i32)>,
-}
-
-/// The residual's step relative to the block's (a power of two, so that
-/// `scale / 128` is exact).
-const RESIDUAL_STEP: f32 = 1.0 / 128.0;
-
-impl QuantizedRows {
-    /// `dx = max|x| / 127`, `q = round(x / dx)` (0 for an all-zero block);
-    /// with `residual`, `q2 = round((x - dx q) / (dx / 128))`, within
-    /// [-65, 65].
-    fn new(x: &[f32], m: usize, k: usize, residual: bool) -> Self {
-        let blocks = k / QK;
-        let mut q = vec![0i8; m * k];
-        let mut d = vec![0f32; m * blocks];
-        let mut sum = vec![0i32; m * blocks];
-        let mut sx = vec![0f32; m * blocks];
-        let mut res = residual.then(|| (vec![0i8; m * k], vec![0i32; m * blocks]));
-        for (i, (xb, qb)) in x[..m * k]
-            .chunks_exact(QK)
-            .zip(q.chunks_exact_mut(QK))
-            .enumerate()
-        {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let dx = amax / 127.0;
-            let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
-            let mut s = 0i32;
-            for (qv, &xv) in qb.iter_mut().zip(xb) {
-                *qv = (xv * inv).round() as i8;
-                s += i32::from(*qv);
-            }
-            d[i] = dx;
-            sum[i] = s;
-            sx[i] = dx * s as f32;
-            if let Some((q2, sum2)) = &mut res {
-                let inv2 = inv / RESIDUAL_STEP;
-                let mut s2 = 0i32;
-                for ((r, &xv), &qv) in q2[i * QK..][..QK].iter_mut().zip(xb).zip(&*qb) {
-                    *r = ((xv - dx * f32::from(qv)) * inv2).round() as i8;
-                    s2 += i32::from(*r);
-                }
-                sum2[i] = s2;
-                sx[i] += dx * RESIDUAL_STEP * s2 as f32;
-            }
-        }
-        Self {
-            blocks,
-            q,
-            d,
-            sum,
-            sx,
-            residual: res,
-        }
-    }
-
-    fn block(&self, r: usize, b: usize) -> QuantBlock<'_> {
-        let i = r * self.blocks + b;
-        QuantBlock {
-            q: &self.q[i * QK..][..QK],
-            dx: self.d[i],
-            sum: self.sum[i],
-            sx: self.sx[i],
-            residual: self
-                .residual
-                .as_ref()
-                .map(|(q2, s2)| (&q2[i * QK..][..QK], s2[i])),
-        }
-    }
-}
-
-/// Activations in f32, with each block's sum (for Q4_1's mins).
-struct F32Rows<'a> {
-    k: usize,
-    x: &'a [f32],
-    sum: Vec<f32>,
-}
-
-impl<'a> F32Rows<'a> {
-    fn new(x: &'a [f32], m: usize, k: usize) -> Self {
-        let sum = x[..m * k]
-            .chunks_exact(QK)
-            .map(|b| b.iter().fold(0f32, |a, &v| a + v))
-            .collect();
-        Self { k, x, sum }
-    }
-
-    fn block(&self, r: usize, b: usize) -> (&[f32], f32) {
-        (
-            &self.x[r * self.k + b * QK..][..QK],
-            self.sum[r * (self.k / QK) + b],
-        )
     }
 }
 
