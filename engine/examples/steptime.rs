@@ -5,11 +5,17 @@
 //!
 //! `DEVICE=cuda` (or `auto`) runs it on the GPU; the default is the CPU.
 //! `TEMP=1` samples (temperature 1, top-p 0.9) instead of decoding greedily.
+//! `WEIGHTS=f32` dequantizes a GGUF's weights at load (the default keeps
+//! Q8_0/Q4_0/Q4_1 matrices quantized on an AVX-512 VNNI CPU);
+//! `WEIGHTS=q-f32act` keeps them quantized with f32 activations instead of
+//! int8 ones.
 //! `GYRE_PROFILE_GRAPHS=1` also logs each decode graph's device time per
 //! replay, back to back (see `engine/src/graph.rs`).
 use std::time::Instant;
 
-use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
+use gyre_engine::{
+    Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling,
+};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -31,6 +37,11 @@ fn main() {
         _ => DeviceChoice::Cpu,
     };
     o.max_running = o.max_running.max(streams as usize);
+    match std::env::var("WEIGHTS").as_deref() {
+        Ok("f32") => o.load_options.dequantize = true,
+        Ok("q-f32act") => o.load_options.activations = Activations::F32,
+        _ => {}
+    }
     println!("libtorch threads on main: {}", tch::get_num_threads());
     let e = Engine::start(o).expect("engine");
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -108,16 +108,17 @@ pub(crate) struct Draft {
 
 impl Draft {
     /// Loads the draft at `path` for `target` (loaded from `target_path`)
-    /// with a pool of `num_blocks` blocks; fails when the vocabularies
-    /// differ.
+    /// with a pool of `num_blocks` blocks, its weights held as `load` says;
+    /// fails when the vocabularies differ.
     pub fn load(
         path: &Path,
         target_path: &Path,
         target: &dyn Model,
         num_blocks: usize,
         block_size: usize,
+        load: crate::models::LoadOptions,
     ) -> Result<Self, EngineError> {
-        let model = crate::models::load(path, target.device(), target.kind())?;
+        let model = crate::models::load_with(path, target.device(), target.kind(), load)?;
         same_vocabulary(target_path, target, path, model.as_ref())?;
         let bs = block_size as i64;
         let per_block = model.kv_bytes_per_block(bs).max(1);

@@ -30,6 +30,7 @@ mod kv;
 mod layers;
 mod models;
 pub mod progress;
+mod quant;
 mod sampler;
 mod sampler_device;
 mod scheduler;
@@ -48,6 +49,8 @@ pub use constraint::Constraint;
 pub use draft::{DRAFT_THRESHOLD_MAX_TOKENS, DraftSpeculation};
 pub use encoder::{EmbedEngine, EmbedError, EmbedInfo, EmbedOptions, EmbedStats};
 pub use llguidance;
+pub use models::LoadOptions;
+pub use quant::Activations;
 pub use sampler::{Sampler, Sampling, argmax};
 pub use speculate::{MAX_NGRAM, MAX_SPECULATIVE_TOKENS, Speculation};
 
@@ -170,6 +173,10 @@ pub struct EngineOptions {
     /// as many as the target's pool has (the same token capacity; a draft
     /// with fewer layers takes fewer bytes).
     pub draft_num_blocks: Option<usize>,
+    /// How GGUF weights are held: by default a GGUF's Q8_0/Q4_0/Q4_1
+    /// matrices stay in their blocks on a float32 CPU with AVX-512 VNNI
+    /// (`quant`'s kernels); `dequantize` turns every weight to f32 at load.
+    pub load_options: LoadOptions,
 }
 
 impl EngineOptions {
@@ -188,6 +195,7 @@ impl EngineOptions {
             device_sampling: None,
             draft_model_dir: None,
             draft_num_blocks: None,
+            load_options: LoadOptions::default(),
         }
     }
 }
@@ -624,13 +632,23 @@ pub mod internals {
     pub use crate::kv::KvPool;
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};
-    pub use crate::models::{KvShape, Model, load, supported};
+    pub use crate::models::{KvShape, Model, load, load_with, supported};
     use crate::{DeviceChoice, EngineError, worker};
 
     /// Loads a model on the calling thread with the device (and dtype) the
     /// engine would pick.
     pub fn load_model(path: &Path, device: DeviceChoice) -> Result<Box<dyn Model>, EngineError> {
+        load_model_with(path, device, crate::LoadOptions::default())
+    }
+
+    /// [`load_model`], with the weights held as `opts` says (e.g.
+    /// dequantized, or quantized with f32 activations).
+    pub fn load_model_with(
+        path: &Path,
+        device: DeviceChoice,
+        opts: crate::LoadOptions,
+    ) -> Result<Box<dyn Model>, EngineError> {
         let (device, kind) = worker::pick_device(device)?;
-        load(path, device, kind)
+        load_with(path, device, kind, opts)
     }
 }

@@ -138,7 +138,7 @@ impl Worker {
         admission: Arc<Admission>,
     ) -> Result<(Self, Spawned), EngineError> {
         let (dev, kind) = pick_device(opts.device)?;
-        let model = crate::models::load(&opts.model_dir, dev, kind)?;
+        let model = crate::models::load_with(&opts.model_dir, dev, kind, opts.load_options)?;
         let bs = opts.block_size as i64;
         let per_block = model.kv_bytes_per_block(bs).max(1);
         // Enough for every running sequence at full context, within the memory budget.
@@ -177,6 +177,7 @@ impl Worker {
                     model.as_ref(),
                     opts.draft_num_blocks.unwrap_or(num_blocks as usize),
                     opts.block_size,
+                    opts.load_options,
                 )
                 .map_err(|e| EngineError::Draft(Box::new(e)))?,
             ),

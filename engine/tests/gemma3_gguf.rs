@@ -3,12 +3,16 @@
 //! logits over each prompt within 1e-3, and the greedy 32-token
 //! continuations identical, with both prompts running at once through the
 //! engine thread (so sliding and global layers, the two rope bases, the q/k
-//! norms and the norms' `+ 1` taken off the GGUF all count).
+//! norms and the norms' `+ 1` taken off the GGUF all count). transformers
+//! dequantizes the file, so gyre does too here (`LoadOptions::dequantize`);
+//! the quantized kernels have their own tests (`gguf_quant.rs`).
 
 use std::path::PathBuf;
 
-use gyre_engine::internals::load_model;
-use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
+use gyre_engine::internals::load_model_with;
+use gyre_engine::{
+    DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, LoadOptions, Sampling,
+};
 use serde_json::Value;
 
 const TOLERANCE: f64 = 1e-3;
@@ -44,7 +48,12 @@ fn real_gemma3_logits_match_transformers() {
     let m = manifest();
     let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
     let _guard = tch::no_grad_guard();
-    let model = load_model(&path, DeviceChoice::Cpu).expect("the Gemma 3 GGUF loads");
+    let dequantized = LoadOptions {
+        dequantize: true,
+        ..LoadOptions::default()
+    };
+    let model =
+        load_model_with(&path, DeviceChoice::Cpu, dequantized).expect("the Gemma 3 GGUF loads");
     assert_eq!(model.config().architecture, "Gemma3ForCausalLM");
     for case in m["cases"].as_array().expect("cases") {
         let prompt = ids(&case["prompt_ids"]);
@@ -80,6 +89,7 @@ fn real_gemma3_greedy_continuations_match_transformers() {
     let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
     let mut opts = EngineOptions::new(&path);
     opts.device = DeviceChoice::Cpu;
+    opts.load_options.dequantize = true;
     let engine = Engine::start(opts).expect("engine starts");
     let cases = m["cases"].as_array().expect("cases");
     let rxs: Vec<_> = cases

@@ -105,8 +105,15 @@ fn smollm2_gguf_runs_like_transformers() {
     let m = manifest();
     let reference = &m["transformers"];
     let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
+    // transformers dequantizes the file: so does gyre here (the quantized
+    // kernels are compared with this path in `gguf_quant.rs`).
+    let dequantized = gyre_engine::LoadOptions {
+        dequantize: true,
+        ..Default::default()
+    };
     let model =
-        gyre_engine::internals::load_model(&path, gyre_engine::DeviceChoice::Cpu).expect("loads");
+        gyre_engine::internals::load_model_with(&path, gyre_engine::DeviceChoice::Cpu, dequantized)
+            .expect("loads");
     assert_eq!(model.config().num_layers, 30);
     let vocab = reference["vocab"].as_u64().expect("vocab") as usize;
     let cases = reference["cases"].as_array().expect("cases");
@@ -155,6 +162,7 @@ fn smollm2_gguf_runs_like_transformers() {
     // (batched steps, paged KV), each equal to transformers' argmax chain.
     let mut opts = gyre_engine::EngineOptions::new(&path);
     opts.device = gyre_engine::DeviceChoice::Cpu;
+    opts.load_options = dequantized;
     let engine = gyre_engine::Engine::start(opts).expect("engine starts");
     let rxs: Vec<_> = cases
         .iter()

@@ -568,6 +568,7 @@ mod local {
             max_queue: 16,
             embed_batch_tokens: 8192,
             compute_threads: None,
+            dequantize: false,
             text: Default::default(),
             load_progress: progress,
             hub_cache: gyre_service::resolve::hub_cache_dir(),

@@ -45,6 +45,7 @@ const TOPICS: &[(&str, &[&str])] = &[
             "max_batch_tokens",
             "max_queue",
             "compute_threads",
+            "dequantize",
             "embed_batch_tokens",
         ],
     ),

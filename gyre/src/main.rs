@@ -246,6 +246,13 @@ struct EngineArgs {
     /// machines, leaving a core to the server stack can help under load.
     #[arg(long, env = "GYRE_COMPUTE_THREADS")]
     compute_threads: Option<usize>,
+    /// Dequantize a GGUF's weights to f32 at load. By default its Q8_0,
+    /// Q4_0 and Q4_1 matrices stay in their blocks on a CPU with AVX-512
+    /// VNNI and are multiplied by quantized kernels (4.5-8.5 bits per weight
+    /// read per token instead of 32); this restores the f32 path (the
+    /// reference the quantized one is tested against).
+    #[arg(long, env = "GYRE_DEQUANTIZE")]
+    dequantize: bool,
     /// Requests that may wait while the engine is full. A new request gets
     /// RESOURCE_EXHAUSTED (HTTP 429) only when the requests not yet started
     /// already number this plus the free running slots (--max-running minus
@@ -564,6 +571,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
         max_queue: e.max_queue,
         embed_batch_tokens: e.embed_batch_tokens as usize,
         compute_threads: e.compute_threads,
+        dequantize: e.dequantize,
         text,
         load_progress: Some(load_progress(log_format)),
         hub_cache: resolve::hub_cache_dir(),

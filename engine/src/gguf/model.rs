@@ -12,10 +12,11 @@ use std::collections::HashMap;
 
 use tch::Tensor;
 
-use super::{GgufError, GgufFile, Value};
+use super::{GgmlType, GgufError, GgufFile, TensorInfo, Value};
 use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::progress::Load;
+use crate::quant::{Format, QuantRows};
 
 /// GGUF architectures (`general.architecture`) the engine can run.
 pub const SUPPORTED: &[&str] = &["llama", "gemma3"];
@@ -212,20 +213,78 @@ fn unpermute(w: &Tensor, heads: i64) -> Result<Tensor, EngineError> {
         .f_reshape([rows, shape[1]])?)
 }
 
-/// Every tensor the model uses, dequantized to f32 CPU tensors under its
-/// HuggingFace name. An unknown tensor name is an error, so nothing is
-/// silently dropped.
+/// The tensor names a GGUF tensor is stacked with into one linear layer
+/// (q, k and v; gate and up), itself included; empty for others.
+fn stacked_with(name: &str) -> Vec<String> {
+    let Some((layer, part)) = name
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return Vec::new();
+    };
+    let group: &[&str] = match part {
+        "attn_q.weight" | "attn_k.weight" | "attn_v.weight" => {
+            &["attn_q.weight", "attn_k.weight", "attn_v.weight"]
+        }
+        "ffn_gate.weight" | "ffn_up.weight" => &["ffn_gate.weight", "ffn_up.weight"],
+        _ => &[],
+    };
+    group.iter().map(|p| format!("blk.{layer}.{p}")).collect()
+}
+
+/// Whether tensor `t` stays in its quantized blocks when the loader keeps
+/// quantized weights: a 2-d Q8_0, Q4_0 or Q4_1 matrix whose stacking
+/// partners (q, k, v; gate, up), if any, are in the same format (a stack
+/// of mixed formats is dequantized).
+pub fn stays_quantized(file: &GgufFile, t: &TensorInfo) -> bool {
+    let Some(fmt) = GgmlType::from_id(t.kind).and_then(Format::of) else {
+        return false;
+    };
+    t.dims.len() == 2
+        && stacked_with(&t.name).iter().all(|p| {
+            file.tensor(p).map_or(true, |o| {
+                GgmlType::from_id(o.kind).and_then(Format::of) == Some(fmt)
+            })
+        })
+}
+
+/// Bytes the engine holds for `file`'s weights: tensors that stay
+/// quantized (when `keep_quantized`, see [`stays_quantized`]) at their
+/// size in the file, the others at `element_bytes` per element.
+pub fn held_bytes(file: &GgufFile, element_bytes: u64, keep_quantized: bool) -> u64 {
+    file.tensors
+        .iter()
+        .map(|t| {
+            if keep_quantized && stays_quantized(file, t) {
+                file.raw(t).map_or(0, |r| r.len() as u64)
+            } else {
+                t.elements().saturating_mul(element_bytes)
+            }
+        })
+        .sum()
+}
+
+/// A GGUF's weights as the model code takes them, under their HuggingFace
+/// names: f32 CPU tensors, and (when `keep_quantized`) the matrices that
+/// [`stays_quantized`] picks as quantized rows.
+pub(crate) type GgufWeights = (HashMap<String, Tensor>, HashMap<String, QuantRows>);
+
+/// Every tensor the model uses, dequantized to f32 CPU tensors (or kept
+/// quantized, see [`GgufWeights`]) under its HuggingFace name. An unknown
+/// tensor name is an error, so nothing is silently dropped.
 pub(crate) fn weights(
     file: &GgufFile,
     cfg: &ModelConfig,
+    keep_quantized: bool,
     load: &mut Load,
-) -> Result<HashMap<String, Tensor>, EngineError> {
+) -> Result<GgufWeights, EngineError> {
     let arch = file
         .get("general.architecture")
         .and_then(Value::as_str)
         .unwrap_or("llama");
     let gemma3 = arch == "gemma3";
     let mut map = HashMap::with_capacity(file.tensors.len());
+    let mut quant = HashMap::new();
     let size = file.path().metadata().map_or(0, |m| m.len());
     load.plan(1, size);
     load.start_file(file.path(), 1, size);
@@ -236,18 +295,33 @@ pub(crate) fn weights(
                 t.name
             ))
         })?;
+        let heads = match () {
+            _ if gemma3 => None,
+            _ if t.name.ends_with("attn_q.weight") => Some(cfg.num_heads),
+            _ if t.name.ends_with("attn_k.weight") => Some(cfg.num_kv_heads),
+            _ => None,
+        };
+        if keep_quantized && stays_quantized(file, t) {
+            let fmt = GgmlType::from_id(t.kind)
+                .and_then(Format::of)
+                .ok_or_else(|| load_err(file, "not a quantized format"))?;
+            let [k, n] = [t.dims[0] as usize, t.dims[1] as usize];
+            let rows = QuantRows::new(fmt, n, k, file.raw(t)?.to_vec())
+                .map_err(|e| load_err(file, format!("{}: {e}", t.name)))?;
+            let rows = match heads {
+                Some(h) => rows.permute_rows(&unpermuted_order(n, h as usize)),
+                None => rows,
+            };
+            quant.insert(name, rows);
+            load.advance(file.raw(t)?.len() as u64, 1);
+            continue;
+        }
         let values = file.dequantize(t)?;
         let tensor = Tensor::f_from_slice(&values)?.f_reshape(t.shape())?;
-        let tensor = if gemma3 {
-            if t.name.ends_with("norm.weight") {
-                tensor.f_sub_scalar(1.0)?
-            } else {
-                tensor
-            }
-        } else if t.name.ends_with("attn_q.weight") {
-            unpermute(&tensor, cfg.num_heads)?
-        } else if t.name.ends_with("attn_k.weight") {
-            unpermute(&tensor, cfg.num_kv_heads)?
+        let tensor = if gemma3 && t.name.ends_with("norm.weight") {
+            tensor.f_sub_scalar(1.0)?
+        } else if let Some(h) = heads {
+            unpermute(&tensor, h)?
         } else {
             tensor
         };
@@ -255,5 +329,21 @@ pub(crate) fn weights(
         load.advance(file.raw(t)?.len() as u64, 1);
     }
     load.finish_file();
-    Ok(map)
+    Ok((map, quant))
+}
+
+/// The order of rows `unpermute` produces, as source rows: row `i` of the
+/// result is row `order[i]` of a q or k projection of `rows` rows.
+fn unpermuted_order(rows: usize, heads: usize) -> Vec<usize> {
+    let half = rows / heads / 2;
+    // unpermute views rows as [h, half, 2] and transposes to [h, 2, half].
+    let mut order = Vec::with_capacity(rows);
+    for h in 0..heads {
+        for two in 0..2 {
+            for j in 0..half {
+                order.push(h * half * 2 + j * 2 + two);
+            }
+        }
+    }
+    order
 }

@@ -1,17 +1,37 @@
 //! Linear layers: `y = x W^T (+ b)`, with the weight packed for `gemm`'s
-//! kernel when the backend uses it, else a libtorch tensor.
+//! kernel when the backend uses it, kept in its quantized blocks for
+//! `quant`'s kernels when it came so and the backend allows, else a
+//! libtorch tensor.
+
+use std::sync::Arc;
 
 use tch::{Device, Tensor};
 
 use super::Backend;
+use super::embedding::Embedding;
 use crate::EngineError;
 use crate::gemm;
+use crate::quant::{QuantMatrix, QuantRows};
+
+/// A linear weight as the checkpoint gives it: a tensor, or a GGUF's
+/// quantized rows.
+pub(crate) enum LinearWeight {
+    Dense(Tensor),
+    Quant(QuantRows),
+}
+
+impl From<Tensor> for LinearWeight {
+    fn from(t: Tensor) -> Self {
+        Self::Dense(t)
+    }
+}
 
 /// A weight [out, in] in the layout its kernel wants. `Transposed` keeps
 /// [in, out] contiguous: MKL's GEMM is 1.5-2x faster on that layout for the
-/// wide vocabulary projection.
+/// wide vocabulary projection. `Quant` may be shared with a tied embedding.
 enum Weight {
     Packed(gemm::Packed),
+    Quant(Arc<QuantMatrix>),
     Torch(Tensor),
     Transposed(Tensor),
 }
@@ -23,19 +43,42 @@ pub(crate) struct Linear {
 
 impl Linear {
     /// A projection inside a layer.
-    pub fn new(w: Tensor, bias: Option<Tensor>, be: &Backend) -> Result<Self, EngineError> {
-        let w = if be.packed {
-            Weight::Packed(gemm::Packed::new(&w)?)
-        } else {
-            Weight::Torch(w)
+    pub fn new(
+        w: impl Into<LinearWeight>,
+        bias: Option<Tensor>,
+        be: &Backend,
+    ) -> Result<Self, EngineError> {
+        let w = match w.into() {
+            LinearWeight::Quant(rows) if be.quant.is_some() => {
+                Weight::Quant(Arc::new(QuantMatrix::new(&rows)))
+            }
+            LinearWeight::Quant(rows) => Self::dense(be.place(rows.dequantize()?)?, be)?,
+            LinearWeight::Dense(w) => Self::dense(w, be)?,
         };
         Ok(Self { w, bias })
     }
 
+    fn dense(w: Tensor, be: &Backend) -> Result<Weight, EngineError> {
+        Ok(if be.packed {
+            Weight::Packed(gemm::Packed::new(&w)?)
+        } else {
+            Weight::Torch(w)
+        })
+    }
+
     /// The vocabulary projection (no bias): on the CPU without the packed
     /// kernel, kept transposed for MKL.
-    pub fn lm_head(w: Tensor, be: &Backend) -> Result<Self, EngineError> {
-        if !be.packed && be.device == Device::Cpu {
+    pub fn lm_head(w: impl Into<LinearWeight>, be: &Backend) -> Result<Self, EngineError> {
+        let w = match w.into() {
+            LinearWeight::Quant(rows) if be.quant.is_none() => {
+                LinearWeight::Dense(be.place(rows.dequantize()?)?)
+            }
+            w => w,
+        };
+        if let LinearWeight::Dense(w) = &w
+            && !be.packed
+            && be.device == Device::Cpu
+        {
             return Ok(Self {
                 w: Weight::Transposed(w.f_transpose(0, 1)?.f_contiguous()?),
                 bias: None,
@@ -48,6 +91,7 @@ impl Linear {
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
         let y = match &self.w {
             Weight::Packed(p) => p.forward(x, &be.pool)?,
+            Weight::Quant(q) => q.forward(x, be.quant.unwrap_or_default(), &be.pool)?,
             Weight::Torch(w) => return Ok(x.f_linear(w, self.bias.as_ref())?),
             Weight::Transposed(wt) => x.f_matmul(wt)?,
         };
@@ -59,17 +103,22 @@ impl Linear {
 }
 
 /// The vocabulary projection: `lm_head.weight`, or the embedding when the
-/// checkpoint ties them and has no separate head.
+/// checkpoint ties them and has no separate head (a quantized embedding's
+/// blocks are shared, not copied).
 pub(crate) fn lm_head(
     w: &mut super::weights::Weights,
     tied: bool,
-    embed: &Tensor,
+    embed: &Embedding,
     be: &Backend,
 ) -> Result<Linear, EngineError> {
-    let head = if tied && !w.contains("lm_head.weight") {
-        embed.shallow_clone()
-    } else {
-        w.take("lm_head.weight")?
-    };
-    Linear::lm_head(head, be)
+    if tied && !w.contains("lm_head.weight") {
+        return match embed {
+            Embedding::Dense(t) => Linear::lm_head(t.shallow_clone(), be),
+            Embedding::Quant(q) => Ok(Linear {
+                w: Weight::Quant(q.clone()),
+                bias: None,
+            }),
+        };
+    }
+    Linear::lm_head(w.take_linear("lm_head.weight")?, be)
 }

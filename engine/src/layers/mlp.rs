@@ -53,13 +53,17 @@ impl GatedMlp {
         act: Act,
         be: &Backend,
     ) -> Result<Self, EngineError> {
-        let gate_up = w.take_cat(&[
+        let gate_up = w.take_cat_linear(&[
             &format!("{prefix}gate_proj.weight"),
             &format!("{prefix}up_proj.weight"),
         ])?;
         Ok(Self {
             gate_up: Linear::new(gate_up, None, be)?,
-            down: Linear::new(w.take(&format!("{prefix}down_proj.weight"))?, None, be)?,
+            down: Linear::new(
+                w.take_linear(&format!("{prefix}down_proj.weight"))?,
+                None,
+                be,
+            )?,
             inter,
             act,
         })

@@ -6,6 +6,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod batch;
+pub(crate) mod embedding;
 pub(crate) mod linear;
 pub(crate) mod mlp;
 pub(crate) mod moe;
@@ -15,7 +16,7 @@ pub(crate) mod weights;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tch::{Device, Kind};
+use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
 use crate::gemm;
@@ -28,6 +29,11 @@ pub struct Backend {
     pub(crate) kind: Kind,
     /// Linear layers run on `gemm`'s packed kernel (float32 CPU with AVX-512).
     pub(crate) packed: bool,
+    /// Linear layers given quantized rows keep them quantized and run
+    /// `quant`'s kernels with these activations (set by the loader on a
+    /// float32 CPU with AVX-512 VNNI, unless told to dequantize); None:
+    /// quantized rows are dequantized at load.
+    pub(crate) quant: Option<crate::quant::Activations>,
     /// Threads for the packed linear layers (as many as libtorch's).
     pub(crate) pool: rayon::ThreadPool,
     /// On CUDA: flash attention over packed sequences works (cleared, with
@@ -46,9 +52,16 @@ impl Backend {
             device,
             kind,
             packed: device == Device::Cpu && kind == Kind::Float && gemm::available(),
+            quant: None,
             pool,
             flash: AtomicBool::new(true),
         })
+    }
+
+    /// A CPU float32 tensor (a dequantized weight) on this backend's
+    /// device and dtype.
+    pub(crate) fn place(&self, t: Tensor) -> Result<Tensor, EngineError> {
+        Ok(t.f_to_device(self.device)?.f_to_kind(self.kind)?)
     }
 
     /// Whether CUDA attention goes through flash attention over packed

@@ -1,33 +1,76 @@
 //! Reading a checkpoint's tensors and handing them to the model code by
-//! name, on the model's device and dtype.
+//! name, on the model's device and dtype. A GGUF's Q8_0/Q4_0/Q4_1 matrices
+//! may come as quantized rows ([`QuantRows`]): linear layers and the
+//! embedding take them as they are (`take_linear`), anything else gets
+//! them dequantized.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
+use super::linear::LinearWeight;
 use crate::EngineError;
 use crate::progress::Load;
+use crate::quant::QuantRows;
 
 /// A checkpoint's tensors by HuggingFace name; each is taken once.
 pub(crate) struct Weights {
     map: HashMap<String, Tensor>,
+    quant: HashMap<String, QuantRows>,
     device: Device,
     kind: Kind,
 }
 
 impl Weights {
     pub fn new(map: HashMap<String, Tensor>, device: Device, kind: Kind) -> Self {
-        Self { map, device, kind }
+        Self {
+            map,
+            quant: HashMap::new(),
+            device,
+            kind,
+        }
     }
 
-    /// The tensor `name`, moved to the model's device and dtype.
+    /// Adds matrices kept in their quantized blocks.
+    pub fn with_quantized(mut self, quant: HashMap<String, QuantRows>) -> Self {
+        self.quant = quant;
+        self
+    }
+
+    /// The tensor `name`, moved to the model's device and dtype
+    /// (dequantized if it came quantized).
     pub fn take(&mut self, name: &str) -> Result<Tensor, EngineError> {
-        let t = self
-            .map
-            .remove(name)
-            .ok_or_else(|| EngineError::MissingWeight(name.to_string()))?;
+        let t = match self.quant.remove(name) {
+            Some(rows) => rows.dequantize()?,
+            None => self
+                .map
+                .remove(name)
+                .ok_or_else(|| EngineError::MissingWeight(name.to_string()))?,
+        };
         Ok(t.f_to_device(self.device)?.f_to_kind(self.kind)?)
+    }
+
+    /// The weight of a linear layer (or embedding): its quantized rows if
+    /// it came quantized, else the tensor as `take` gives it.
+    pub fn take_linear(&mut self, name: &str) -> Result<LinearWeight, EngineError> {
+        match self.quant.remove(name) {
+            Some(rows) => Ok(LinearWeight::Quant(rows)),
+            None => self.take(name).map(LinearWeight::Dense),
+        }
+    }
+
+    /// The named linear weights stacked along their outputs: quantized if
+    /// all of them are, in one format (else dequantized, as `take_cat`).
+    pub fn take_cat_linear(&mut self, names: &[&str]) -> Result<LinearWeight, EngineError> {
+        let parts: Option<Vec<&QuantRows>> = names.iter().map(|n| self.quant.get(*n)).collect();
+        if let Some(rows) = parts.and_then(|p| QuantRows::cat(&p)) {
+            for n in names {
+                self.quant.remove(*n);
+            }
+            return Ok(LinearWeight::Quant(rows));
+        }
+        self.take_cat(names).map(LinearWeight::Dense)
     }
 
     /// `take(name)` when `want`, else nothing.
@@ -53,10 +96,11 @@ impl Weights {
     /// not compute with), so that `finish` does not count it.
     pub fn discard(&mut self, name: &str) {
         self.map.remove(name);
+        self.quant.remove(name);
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.map.contains_key(name)
+        self.map.contains_key(name) || self.quant.contains_key(name)
     }
 
     /// Fails if the checkpoint holds weights the model did not use: a
@@ -67,6 +111,7 @@ impl Weights {
         let mut left: Vec<&String> = self
             .map
             .keys()
+            .chain(self.quant.keys())
             .filter(|k| !k.ends_with("rotary_emb.inv_freq"))
             .collect();
         if left.is_empty() {

@@ -19,6 +19,7 @@ use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnLogits, AttnParams, LayerStep, paged_attention_with};
 use crate::layers::batch::StepBatch;
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::GatedMlp;
 use crate::layers::norm::GemmaRmsNorm;
@@ -146,7 +147,7 @@ impl DecoderLayer {
 struct Gemma2 {
     cfg: ModelConfig,
     be: Backend,
-    embed_tokens: Tensor,
+    embed_tokens: Embedding,
     /// `sqrt(hidden_size)` as a scalar of the model's dtype.
     embed_scale: Tensor,
     layers: Vec<DecoderLayer>,
@@ -183,7 +184,7 @@ pub(super) fn load(
             post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
         });
     }
-    let embed_tokens = w.take("model.embed_tokens.weight")?;
+    let embed_tokens = Embedding::load(w, &be)?;
     let embed_scale = embed_scale(cfg.hidden_size, &be)?;
     let norm = GemmaRmsNorm::new(w.take("model.norm.weight")?, eps)?;
     let lm_head = lm_head(w, cfg.tie_word_embeddings, &embed_tokens, &be)?;
@@ -220,7 +221,7 @@ impl Model for Gemma2 {
         let rope = self.rope.at(&batch.pos)?;
         let mut x = self
             .embed_tokens
-            .f_index_select(0, &batch.ids)?
+            .forward(&batch.ids)?
             .f_mul(&self.embed_scale)?;
         for (layer, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", layer).entered();

@@ -19,6 +19,7 @@ use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnLogits, AttnParams, LayerStep, paged_attention_with};
 use crate::layers::batch::StepBatch;
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::GemmaRmsNorm;
@@ -167,10 +168,10 @@ impl Attention {
         let [q, k, v] = ["q_proj", "k_proj", "v_proj"].map(|p| format!("{a}{p}.weight"));
         let eps = cfg.rms_norm_eps;
         Ok(Self {
-            qkv: Linear::new(w.take_cat(&[&q, &k, &v])?, None, be)?,
+            qkv: Linear::new(w.take_cat_linear(&[&q, &k, &v])?, None, be)?,
             q_norm: GemmaRmsNorm::new(w.take(&format!("{a}q_norm.weight"))?, eps)?,
             k_norm: GemmaRmsNorm::new(w.take(&format!("{a}k_norm.weight"))?, eps)?,
-            o: Linear::new(w.take(&format!("{a}o_proj.weight"))?, None, be)?,
+            o: Linear::new(w.take_linear(&format!("{a}o_proj.weight"))?, None, be)?,
             p: AttnParams {
                 heads: cfg.num_heads,
                 kv_heads: cfg.num_kv_heads,
@@ -234,7 +235,7 @@ impl DecoderLayer {
 struct Gemma3 {
     cfg: ModelConfig,
     be: Backend,
-    embed_tokens: Tensor,
+    embed_tokens: Embedding,
     /// `sqrt(hidden_size)` as a scalar of the model's dtype.
     embed_scale: Tensor,
     layers: Vec<DecoderLayer>,
@@ -270,7 +271,7 @@ pub(super) fn load(
             sliding,
         });
     }
-    let embed_tokens = w.take("model.embed_tokens.weight")?;
+    let embed_tokens = Embedding::load(w, &be)?;
     let embed_scale = embed_scale(cfg.hidden_size, &be)?;
     let norm = GemmaRmsNorm::new(w.take("model.norm.weight")?, eps)?;
     let lm_head = lm_head(w, cfg.tie_word_embeddings, &embed_tokens, &be)?;
@@ -329,7 +330,7 @@ impl Model for Gemma3 {
         let local = self.local_rope.at(&batch.pos)?;
         let mut x = self
             .embed_tokens
-            .f_index_select(0, &batch.ids)?
+            .forward(&batch.ids)?
             .f_mul(&self.embed_scale)?;
         for (layer, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", layer).entered();

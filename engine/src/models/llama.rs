@@ -13,6 +13,7 @@ use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::RmsNorm;
@@ -67,7 +68,7 @@ impl Attention {
     ) -> Result<Self, EngineError> {
         let names = |part: &str| ["q_proj", "k_proj", "v_proj"].map(|p| format!("{a}{p}.{part}"));
         let [q, k, v] = names("weight");
-        let qkv = w.take_cat(&[&q, &k, &v])?;
+        let qkv = w.take_cat_linear(&[&q, &k, &v])?;
         let bias = if lc.attention_bias {
             let [q, k, v] = names("bias");
             Some(w.take_cat(&[&q, &k, &v])?)
@@ -77,7 +78,7 @@ impl Attention {
         Ok(Self {
             qkv: Linear::new(qkv, bias, be)?,
             o: Linear::new(
-                w.take(&format!("{a}o_proj.weight"))?,
+                w.take_linear(&format!("{a}o_proj.weight"))?,
                 w.maybe(&format!("{a}o_proj.bias"), lc.attention_bias)?,
                 be,
             )?,
@@ -150,7 +151,7 @@ pub(super) fn load(
             mlp: GatedMlp::load(w, &format!("{p}mlp."), cfg.intermediate_size, lc.act, &be)?,
         });
     }
-    let embed_tokens = w.take("model.embed_tokens.weight")?;
+    let embed_tokens = Embedding::load(w, &be)?;
     let norm = RmsNorm::new(w.take("model.norm.weight")?, eps);
     let lm_head = lm_head(w, cfg.tie_word_embeddings, &embed_tokens, &be)?;
     let rope = Rope::new(

@@ -15,6 +15,7 @@ use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::Act;
 use crate::layers::moe::SparseMoe;
@@ -171,7 +172,7 @@ pub(super) fn load(
             )?,
         });
     }
-    let embed_tokens = w.take("model.embed_tokens.weight")?;
+    let embed_tokens = Embedding::load(w, &be)?;
     let norm = RmsNorm::new(w.take("model.norm.weight")?, eps);
     let lm_head = lm_head(w, cfg.tie_word_embeddings, &embed_tokens, &be)?;
     let rope = Rope::new(

@@ -184,29 +184,74 @@ pub trait Model: Send {
     }
 }
 
+/// How a checkpoint's weights are held.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Dequantize every GGUF tensor to the model's dtype at load (the path
+    /// before quantized kernels), instead of keeping Q8_0/Q4_0/Q4_1
+    /// matrices in their blocks on the CPU.
+    pub dequantize: bool,
+    /// The activations the quantized kernels use.
+    pub activations: crate::quant::Activations,
+}
+
+impl LoadOptions {
+    /// Whether a GGUF's Q8_0/Q4_0/Q4_1 matrices stay quantized on `device`
+    /// in `kind`: on a float32 CPU with AVX-512 VNNI, unless `dequantize`.
+    pub fn keeps_quantized(&self, device: Device, kind: Kind) -> bool {
+        device == Device::Cpu && kind == Kind::Float && self.keeps_quantized_on_cpu()
+    }
+
+    /// Whether they stay quantized on a float32 CPU (this one).
+    pub fn keeps_quantized_on_cpu(&self) -> bool {
+        !self.dequantize && crate::quant::available()
+    }
+}
+
 /// Loads config and weights from a HuggingFace model directory or a GGUF
 /// file (dequantized to `kind` on load) into the family its architecture
 /// names.
 pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, EngineError> {
+    load_with(path, device, kind, LoadOptions::default())
+}
+
+/// [`load`], with a GGUF's Q8_0/Q4_0/Q4_1 matrices kept quantized where
+/// `opts` allows (see [`LoadOptions::keeps_quantized`]).
+pub fn load_with(
+    path: &Path,
+    device: Device,
+    kind: Kind,
+    opts: LoadOptions,
+) -> Result<Box<dyn Model>, EngineError> {
     let mut progress = Load::begin();
-    let (cfg, map) = if crate::gguf::is_gguf(path) {
+    let keep = opts.keeps_quantized(device, kind);
+    // A GGUF's weights as held (quantized matrices at their size).
+    let mut held_bytes = None;
+    let (cfg, map, quant) = if crate::gguf::is_gguf(path) {
         let file = crate::gguf::GgufFile::open(path)?;
         let cfg = crate::gguf::model::config(&file)?;
-        let map = crate::gguf::model::weights(&file, &cfg, &mut progress)?;
-        (cfg, map)
+        let (map, quant) = crate::gguf::model::weights(&file, &cfg, keep, &mut progress)?;
+        let element = kind.elt_size_in_bytes() as u64;
+        held_bytes = Some(crate::gguf::model::held_bytes(&file, element, keep));
+        (cfg, map, quant)
     } else {
         (
             ModelConfig::from_dir(path)?,
             read_weights(path, &mut progress)?,
+            Default::default(),
         )
     };
     check_supported(&cfg.architecture, None)?;
     let Some(&(arch, load)) = FAMILIES.iter().find(|f| f.0 == cfg.architecture) else {
         return Err(EngineError::Unsupported(cfg.architecture.clone()));
     };
-    let backend = Backend::new(device, kind)?;
+    let mut backend = Backend::new(device, kind)?;
+    let quantized = !quant.is_empty();
+    if keep {
+        backend.quant = Some(opts.activations);
+    }
     let packed = backend.packed;
-    let mut w = Weights::new(map, device, kind);
+    let mut w = Weights::new(map, device, kind).with_quantized(quant);
     let model = load(cfg, &mut w, backend)?;
     w.finish(arch)?;
     progress.finish(device);
@@ -219,6 +264,8 @@ pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, E
         ?device,
         ?kind,
         packed_linears = packed,
+        quantized_linears = quantized,
+        weights_mib = held_bytes.map(|b| b >> 20),
         "model loaded"
     );
     Ok(model)

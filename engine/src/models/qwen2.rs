@@ -11,6 +11,7 @@ use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::layers::Backend;
 use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::RmsNorm;
@@ -133,7 +134,7 @@ pub(super) fn load(
             mlp: GatedMlp::load(w, &format!("{p}mlp."), cfg.intermediate_size, qc.act, &be)?,
         });
     }
-    let embed_tokens = w.take("model.embed_tokens.weight")?;
+    let embed_tokens = Embedding::load(w, &be)?;
     let norm = RmsNorm::new(w.take("model.norm.weight")?, eps);
     let lm_head = lm_head(w, cfg.tie_word_embeddings, &embed_tokens, &be)?;
     let rope = Rope::new(

@@ -13,6 +13,7 @@ use crate::kv::KvPool;
 use crate::layers::Backend;
 use crate::layers::attention::LayerStep;
 use crate::layers::batch::StepBatch;
+use crate::layers::embedding::Embedding;
 use crate::layers::linear::Linear;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::{Rope, RopeAt};
@@ -37,7 +38,7 @@ pub(super) trait Layer: Send {
 pub(super) struct Decoder<L> {
     pub(super) cfg: ModelConfig,
     pub(super) be: Backend,
-    pub(super) embed_tokens: Tensor,
+    pub(super) embed_tokens: Embedding,
     pub(super) layers: Vec<L>,
     pub(super) norm: RmsNorm,
     pub(super) lm_head: Linear,
@@ -56,7 +57,7 @@ impl<L: Layer> Model for Decoder<L> {
     fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
         // The step's tables: by position, or (longrope) per sequence.
         let rope = self.rope.at_step(batch)?;
-        let mut x = self.embed_tokens.f_index_select(0, &batch.ids)?;
+        let mut x = self.embed_tokens.forward(&batch.ids)?;
         for (layer, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", layer).entered();
             let mut s = LayerStep {

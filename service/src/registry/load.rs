@@ -32,6 +32,9 @@ pub struct LoadDefaults {
     /// Embedding models: most padded tokens one forward pass runs.
     pub embed_batch_tokens: usize,
     pub compute_threads: Option<usize>,
+    /// Dequantize GGUF weights to f32 at load (`--dequantize`) instead of
+    /// keeping Q8_0/Q4_0/Q4_1 matrices quantized on the CPU.
+    pub dequantize: bool,
     pub text: TextOptions,
     pub load_progress: Option<Arc<dyn LoadProgress>>,
     /// The HuggingFace cache that hub ids are looked up in.
@@ -39,6 +42,16 @@ pub struct LoadDefaults {
     /// Device memory to check budgets against instead of the measured one
     /// (`--device-memory-mib`), in bytes.
     pub device_memory: Option<u64>,
+}
+
+impl LoadDefaults {
+    /// How the engine holds the weights of every model.
+    fn load_options(&self) -> gyre_engine::LoadOptions {
+        gyre_engine::LoadOptions {
+            dequantize: self.dequantize,
+            ..Default::default()
+        }
+    }
 }
 
 /// A model resolved and named, not loaded yet.
@@ -110,7 +123,9 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         .clone()
         .or_else(|| resolved.hub.as_ref().map(|h| h.commit.clone()))
         .unwrap_or_default();
-    let bytes_per_element = if on_cuda(d.device) { 2 } else { 4 };
+    let cuda = on_cuda(d.device);
+    let bytes_per_element = if cuda { 2 } else { 4 };
+    let keep_quantized = !cuda && d.load_options().keeps_quantized_on_cpu();
     let geometry = memory::KvGeometry {
         block_size: d.block_size as u64,
         max_running: d.max_running as u64,
@@ -121,7 +136,7 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
     let embedding = gyre_engine::encoder::is_embedding_model(&resolved.path);
     let mut budget = Budget {
         name: id.clone(),
-        weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element),
+        weights_bytes: memory::weights_bytes(&resolved.path, bytes_per_element, keep_quantized),
         // An encoder keeps no cache between requests.
         kv_bytes: if embedding {
             0
@@ -132,9 +147,11 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
     // A draft model's weights and pool count with its model's.
     if let Some(draft) = spec.draft.as_deref().filter(|_| !embedding) {
         let draft = std::path::Path::new(draft);
-        budget.weights_bytes = budget
-            .weights_bytes
-            .saturating_add(memory::weights_bytes(draft, bytes_per_element));
+        budget.weights_bytes = budget.weights_bytes.saturating_add(memory::weights_bytes(
+            draft,
+            bytes_per_element,
+            keep_quantized,
+        ));
         budget.kv_bytes = budget.kv_bytes.saturating_add(memory::draft_kv_bytes(
             &resolved.path,
             budget.kv_bytes,
@@ -179,6 +196,7 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     opts.token_budget = d.max_batch_tokens;
     opts.queue_capacity = d.max_queue;
     opts.compute_threads = d.compute_threads;
+    opts.load_options = d.load_options();
     opts.draft_model_dir = p.spec.draft.as_ref().map(std::path::PathBuf::from);
     let mut text = d.text.clone();
     if let Some(k) = p.spec.prompt_lookup {

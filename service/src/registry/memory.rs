@@ -4,8 +4,9 @@
 //!
 //! Weights are counted from the checkpoint's tensor index (a GGUF's tensor
 //! table, each safetensors file's header): elements times the bytes of the
-//! dtype the engine runs in (f32 on the CPU, bf16 on CUDA; GGUF weights are
-//! dequantized). The KV cache is its budget capped as the engine caps it
+//! dtype the engine runs in (f32 on the CPU, bf16 on CUDA), but for a
+//! GGUF's matrices the engine keeps quantized on the CPU (Q8_0/Q4_0/Q4_1,
+//! unless `--dequantize`), counted at their size in the file. The KV cache is its budget capped as the engine caps it
 //! (at what `--max-running` sequences of full context need), from the
 //! model's config. Free memory is `MemAvailable` from `/proc/meminfo` on the
 //! CPU; CUDA's free memory is not queried (libtorch's binding has no
@@ -81,17 +82,17 @@ fn parse_meminfo(text: &str) -> Option<u64> {
 }
 
 /// Bytes the engine will hold for the weights at `path` (a GGUF file or a
-/// directory of `*.safetensors`), at `bytes_per_element`. Unreadable
-/// indexes count as 0: loading reports them properly.
-pub fn weights_bytes(path: &Path, bytes_per_element: u64) -> u64 {
-    let elements = if gyre_engine::gguf::is_gguf(path) {
-        gyre_engine::gguf::GgufFile::open(path)
-            .map(|f| f.tensors.iter().map(|t| t.elements()).sum())
-            .unwrap_or(0)
-    } else {
-        safetensors_elements(path)
-    };
-    elements.saturating_mul(bytes_per_element)
+/// directory of `*.safetensors`), at `bytes_per_element`, or a GGUF's
+/// quantized matrices at their own size when `keep_quantized` (see
+/// `gyre_engine::gguf::model::held_bytes`). Unreadable indexes count as 0:
+/// loading reports them properly.
+pub fn weights_bytes(path: &Path, bytes_per_element: u64, keep_quantized: bool) -> u64 {
+    if gyre_engine::gguf::is_gguf(path) {
+        return gyre_engine::gguf::GgufFile::open(path)
+            .map(|f| gyre_engine::gguf::model::held_bytes(&f, bytes_per_element, keep_quantized))
+            .unwrap_or(0);
+    }
+    safetensors_elements(path).saturating_mul(bytes_per_element)
 }
 
 /// The KV pool's geometry as the engine sizes it.
@@ -281,7 +282,7 @@ mod tests {
         bytes.extend_from_slice(header);
         bytes.extend(std::iter::repeat_n(0u8, 76));
         std::fs::write(dir.path().join("model.safetensors"), bytes).expect("ok");
-        assert_eq!(weights_bytes(dir.path(), 4), (32 + 3) * 4);
-        assert_eq!(weights_bytes(dir.path(), 2), (32 + 3) * 2);
+        assert_eq!(weights_bytes(dir.path(), 4, true), (32 + 3) * 4);
+        assert_eq!(weights_bytes(dir.path(), 2, false), (32 + 3) * 2);
     }
 }

@@ -1,0 +1,185 @@
+//! The AVX-512 kernels: a tile of R rows x 16 columns over one group, every
+//! block in k order. The int8 kernel's block dot products are `vpdpbusd`
+//! (unsigned weight quants x signed activation quants, exact in int32); the
+//! f32 kernel widens each k's 16 quants to f32 and multiplies them with the
+//! broadcast activation. Operation for operation as the portable kernels.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{F32Rows, Format, MR, NG, QuantMatrix, QuantizedRows, RESIDUAL_STEP, Rows};
+
+/// One tile of `n_rows` rows from `r0`, columns of group `g`. The caller
+/// checked the CPU (`super::available`).
+pub(super) fn tile(
+    w: &QuantMatrix,
+    rows: &Rows,
+    r0: usize,
+    n_rows: usize,
+    g: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    macro_rules! by_rows {
+        ($f:ident, $x:expr) => {
+            // SAFETY: the CPU has AVX-512F and VNNI (checked by the
+            // caller); rows r0 .. r0 + n_rows exist in `$x` and group g in `w`.
+            unsafe {
+                match n_rows {
+                    8 => $f::<8>(w, $x, r0, g, tile),
+                    7 => $f::<7>(w, $x, r0, g, tile),
+                    6 => $f::<6>(w, $x, r0, g, tile),
+                    5 => $f::<5>(w, $x, r0, g, tile),
+                    4 => $f::<4>(w, $x, r0, g, tile),
+                    3 => $f::<3>(w, $x, r0, g, tile),
+                    2 => $f::<2>(w, $x, r0, g, tile),
+                    _ => $f::<1>(w, $x, r0, g, tile),
+                }
+            }
+        };
+    }
+    match rows {
+        Rows::Int8(x) => by_rows!(int8, x),
+        Rows::F32(x) => by_rows!(float, x),
+    }
+}
+
+/// The 8 vectors of one group-block's quants, unsigned: vector q holds
+/// k = 4q .. 4q+4 of the 16 columns (column c in 32-bit lane c).
+#[target_feature(enable = "avx512f")]
+unsafe fn quants(fmt: Format, gb: *const u8) -> [__m512i; 8] {
+    let mut wq = [_mm512_setzero_si512(); 8];
+    // SAFETY: a group-block starts with 512 (Q8_0) or 256 (Q4) bytes of quants.
+    unsafe {
+        if fmt == Format::Q8_0 {
+            for (q, v) in wq.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(gb.add(q * 64).cast());
+            }
+        } else {
+            let low = _mm512_set1_epi8(0x0f);
+            for p in 0..4 {
+                let v = _mm512_loadu_si512(gb.add(p * 64).cast());
+                wq[p] = _mm512_and_si512(v, low);
+                wq[p + 4] = _mm512_and_si512(_mm512_srli_epi32::<4>(v), low);
+            }
+        }
+    }
+    wq
+}
+
+/// The 16 columns' scales and (Q4_1) mins of a group-block.
+#[target_feature(enable = "avx512f")]
+unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
+    let qb = fmt.quant_bytes();
+    // SAFETY: the scales (and Q4_1's mins) follow the quants.
+    unsafe {
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(gb.add(qb).cast()));
+        let m = if fmt == Format::Q4_1 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(gb.add(qb + 2 * NG).cast()))
+        } else {
+            _mm512_setzero_ps()
+        };
+        (d, m)
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn int8<const R: usize>(
+    w: &QuantMatrix,
+    x: &QuantizedRows,
+    r0: usize,
+    g: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    let fmt = w.fmt;
+    let off = fmt.offset();
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..w.blocks() {
+        let gb = w.group_block(g, b).as_ptr();
+        // SAFETY: `gb` is a whole group-block.
+        let (wq, (d, m)) = unsafe { (quants(fmt, gb), scales(fmt, gb)) };
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xb = x.block(r0 + r, b);
+            // SAFETY: xb.q (and the residual's) hold 32 int8.
+            let isum = unsafe { block_dot(&wq, xb.q, xb.sum, off) };
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(xb.dx));
+            *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
+            if let Some((q2, sum2)) = xb.residual {
+                // SAFETY: as above.
+                let isum2 = unsafe { block_dot(&wq, q2, sum2, off) };
+                let scale2 = _mm512_mul_ps(scale, _mm512_set1_ps(RESIDUAL_STEP));
+                *a = _mm512_fmadd_ps(scale2, _mm512_cvtepi32_ps(isum2), *a);
+            }
+            if fmt == Format::Q4_1 {
+                *a = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.sx), *a);
+            }
+        }
+    }
+    for (t, a) in tile.iter_mut().zip(acc) {
+        // SAFETY: a tile row holds 16 floats.
+        unsafe { _mm512_storeu_ps(t.as_mut_ptr(), a) };
+    }
+}
+
+/// The 16 columns' integer dot products of one block with the int8
+/// activations `xq` (32 values summing to `xsum`), the quants' `off` taken
+/// off: exact, so the two chains (even and odd k quads) may be in any order.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn block_dot(wq: &[__m512i; 8], xq: &[i8], xsum: i32, off: i32) -> __m512i {
+    debug_assert!(xq.len() >= 32);
+    let xp = xq.as_ptr().cast::<i32>();
+    let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for q in (0..8).step_by(2) {
+        // SAFETY: xq holds 32 int8, read 4 at a time (q + 1 < 8).
+        let (x0, x1) = unsafe { (xp.add(q).read_unaligned(), xp.add(q + 1).read_unaligned()) };
+        s0 = _mm512_dpbusd_epi32(s0, wq[q], _mm512_set1_epi32(x0));
+        s1 = _mm512_dpbusd_epi32(s1, wq[q + 1], _mm512_set1_epi32(x1));
+    }
+    _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * xsum))
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn float<const R: usize>(
+    w: &QuantMatrix,
+    x: &F32Rows,
+    r0: usize,
+    g: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    let fmt = w.fmt;
+    let off = _mm512_set1_epi32(fmt.offset());
+    let byte = _mm512_set1_epi32(0xff);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..w.blocks() {
+        let gb = w.group_block(g, b).as_ptr();
+        // SAFETY: `gb` is a whole group-block.
+        let (wq, (d, m)) = unsafe { (quants(fmt, gb), scales(fmt, gb)) };
+        let xs: [(&[f32], f32); R] = std::array::from_fn(|r| x.block(r0 + r, b));
+        let mut blk = [_mm512_setzero_ps(); R];
+        for (q, &v) in wq.iter().enumerate() {
+            let lanes = [
+                v,
+                _mm512_srli_epi32::<8>(v),
+                _mm512_srli_epi32::<16>(v),
+                _mm512_srli_epi32::<24>(v),
+            ];
+            for (j, l) in lanes.into_iter().enumerate() {
+                let vals = _mm512_sub_epi32(_mm512_and_si512(l, byte), off);
+                let wf = _mm512_cvtepi32_ps(vals);
+                for (bk, (xb, _)) in blk.iter_mut().zip(&xs) {
+                    *bk = _mm512_fmadd_ps(wf, _mm512_set1_ps(xb[4 * q + j]), *bk);
+                }
+            }
+        }
+        for ((a, bk), (_, xsum)) in acc.iter_mut().zip(blk).zip(&xs) {
+            *a = _mm512_fmadd_ps(d, bk, *a);
+            if fmt == Format::Q4_1 {
+                *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*xsum), *a);
+            }
+        }
+    }
+    for (t, a) in tile.iter_mut().zip(acc) {
+        // SAFETY: a tile row holds 16 floats.
+        unsafe { _mm512_storeu_ps(t.as_mut_ptr(), a) };
+    }
+}

@@ -1,0 +1,443 @@
+//! Linear layers over weights kept in ggml's 32-value blocks (Q8_0, Q4_0,
+//! Q4_1) on the CPU, dequantized in registers.
+//!
+//! A decode step reads every weight once, so it is bound by memory: reading
+//! 8.5 (Q8_0), 4.5 (Q4_0) or 5 (Q4_1) bits per weight instead of f32's 32 is
+//! the win. At load, a GGUF tensor's rows ([`QuantRows`], ggml's layout: each
+//! output's blocks in a row) are repacked into a [`QuantMatrix`]: groups of
+//! 16 output columns, and per group and 32-value block the 16 columns' quants
+//! interleaved four k at a time (one 512-bit vector holds 4 k of 16 columns),
+//! then the 16 columns' f16 scales (and Q4_1's f16 mins). The bits per weight
+//! stay the format's own.
+//!
+//! Two kernels, three kinds of activations (see [`Activations`] and
+//! `activations.rs`):
+//! - integer: each row of activations is quantized per 32-block to int8
+//!   with an f32 scale `dx = max|x| / 127` and the block's sum of quants
+//!   (`Int8`, as llama.cpp does), and by default also the rounding residual,
+//!   to int8 at `dx / 128` (`Int8Residual`). A block's dot product is
+//!   integer (`vpdpbusd` on AVX-512 VNNI), exact; per block,
+//!   `acc += (d * dx) * isum` (and `(d * dx / 128) * isum2` for the
+//!   residual), plus `m * sum x` for Q4_1. The weights' quants are stored
+//!   unsigned (Q8_0's offset by 128, Q4's are 0..15), and the offset is taken
+//!   off with the block's sum of activation quants.
+//! - `F32`: the block's quants are widened to f32 and multiplied with f32
+//!   activations (`blk = sum q x`, in k order), then `acc += d * blk`
+//!   (+ `m * sum x` for Q4_1). No activation rounding; more instructions.
+//!
+//! Each output is summed in an order fixed by k alone, so a row's result
+//! does not depend on the batch, and the portable kernels do the same
+//! operations in the same order, so SIMD and portable agree to the bit.
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod rows;
+#[cfg(test)]
+mod tests;
+
+use activations::{F32Rows, QuantizedRows, RESIDUAL_STEP, Rows};
+pub(crate) use rows::QuantRows;
+use tch::Tensor;
+
+use crate::EngineError;
+use crate::gguf::GgmlType;
+
+/// Values per block.
+pub(crate) const QK: usize = 32;
+/// Output columns per group (one 512-bit vector of f32).
+const NG: usize = 16;
+/// Rows per register tile.
+const MR: usize = 8;
+
+/// The block formats kept quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl Format {
+    pub(crate) fn of(kind: GgmlType) -> Option<Self> {
+        match kind {
+            GgmlType::Q8_0 => Some(Self::Q8_0),
+            GgmlType::Q4_0 => Some(Self::Q4_0),
+            GgmlType::Q4_1 => Some(Self::Q4_1),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn ggml(self) -> GgmlType {
+        match self {
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q4_0 => GgmlType::Q4_0,
+            Self::Q4_1 => GgmlType::Q4_1,
+        }
+    }
+
+    /// Bytes of one group's quants for one block (16 columns x 32 values).
+    fn quant_bytes(self) -> usize {
+        match self {
+            Self::Q8_0 => NG * QK,
+            Self::Q4_0 | Self::Q4_1 => NG * QK / 2,
+        }
+    }
+
+    /// Bytes of one group-block: quants, then 16 f16 scales (and 16 f16 mins).
+    fn stride(self) -> usize {
+        self.quant_bytes() + 2 * NG * if self == Self::Q4_1 { 2 } else { 1 }
+    }
+
+    /// What is added to a stored quant to make it unsigned: a value is
+    /// `d * (q - offset)` (plus `m` for Q4_1).
+    fn offset(self) -> i32 {
+        match self {
+            Self::Q8_0 => 128,
+            Self::Q4_0 => 8,
+            Self::Q4_1 => 0,
+        }
+    }
+}
+
+/// Which kernel multiplies activations with the quantized weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Activations {
+    /// Activations quantized per 32-block to int8 (as llama.cpp does for
+    /// these formats); integer dot products. Each activation moves by up to
+    /// 1/254 of its block's largest.
+    Int8,
+    /// Int8, plus the rounding residual quantized to int8 at 1/128 of the
+    /// step: two integer dot products per block, each activation within
+    /// 1/32512 of its block's largest (about 15 bits).
+    #[default]
+    Int8Residual,
+    /// Activations kept f32; quants widened to f32 in registers.
+    F32,
+}
+
+/// Whether this CPU runs the SIMD kernels (AVX-512F with VNNI); elsewhere
+/// the portable kernels run, correct but slow, so the loader keeps
+/// quantized weights only where this holds.
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn simd() -> bool {
+    static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(available);
+    *HAS
+}
+
+fn f16(b: &[u8], i: usize) -> f32 {
+    crate::gguf::dequant::f16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+}
+
+/// A weight [n, k] (as in `y = x W^T`) repacked for the kernels (see the
+/// module comment).
+pub(crate) struct QuantMatrix {
+    fmt: Format,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl QuantMatrix {
+    pub(crate) fn new(rows: &QuantRows) -> Self {
+        let (fmt, n, k) = (rows.format(), rows.n(), rows.k());
+        let blocks = k / QK;
+        let groups = n.div_ceil(NG);
+        let stride = fmt.stride();
+        let qb = fmt.quant_bytes();
+        let mut data = vec![0u8; groups * blocks * stride];
+        for col in 0..n {
+            let (g, c) = (col / NG, col % NG);
+            for b in 0..blocks {
+                let src = rows.block(col, b);
+                let dst = &mut data[(g * blocks + b) * stride..][..stride];
+                match fmt {
+                    Format::Q8_0 => {
+                        for (kk, &q) in src[2..34].iter().enumerate() {
+                            dst[(kk / 4) * 64 + c * 4 + kk % 4] = q ^ 0x80;
+                        }
+                        dst[qb + 2 * c..qb + 2 * c + 2].copy_from_slice(&src[..2]);
+                    }
+                    Format::Q4_0 | Format::Q4_1 => {
+                        let qs = &src[src.len() - 16..];
+                        for p in 0..4 {
+                            dst[p * 64 + c * 4..][..4].copy_from_slice(&qs[4 * p..4 * p + 4]);
+                        }
+                        dst[qb + 2 * c..qb + 2 * c + 2].copy_from_slice(&src[..2]);
+                        if fmt == Format::Q4_1 {
+                            dst[qb + 2 * NG + 2 * c..][..2].copy_from_slice(&src[2..4]);
+                        }
+                    }
+                }
+            }
+        }
+        Self { fmt, n, k, data }
+    }
+
+    #[cfg(test)]
+    fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Bytes held (the format's bits per weight, plus padding columns).
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn blocks(&self) -> usize {
+        self.k / QK
+    }
+
+    /// Group `g`'s bytes for block `b`.
+    fn group_block(&self, g: usize, b: usize) -> &[u8] {
+        let s = self.fmt.stride();
+        &self.data[(g * self.blocks() + b) * s..][..s]
+    }
+
+    /// The unsigned stored quant of column `c` of a group-block at `kk`.
+    fn quant(&self, gb: &[u8], c: usize, kk: usize) -> u8 {
+        let q = kk / 4;
+        match self.fmt {
+            Format::Q8_0 => gb[q * 64 + c * 4 + kk % 4],
+            Format::Q4_0 | Format::Q4_1 => {
+                let byte = gb[(q % 4) * 64 + c * 4 + kk % 4];
+                if q < 4 { byte & 0x0f } else { byte >> 4 }
+            }
+        }
+    }
+
+    /// Scale and min (0 but for Q4_1) of column `c` of a group-block.
+    fn scale_min(&self, gb: &[u8], c: usize) -> (f32, f32) {
+        let sc = &gb[self.fmt.quant_bytes()..];
+        let m = if self.fmt == Format::Q4_1 {
+            f16(sc, NG + c)
+        } else {
+            0.0
+        };
+        (f16(sc, c), m)
+    }
+
+    /// Row `r` of the weight (output column r) in f32, as ggml's reference
+    /// dequantizes it (bit for bit): the embedding lookup of a tied
+    /// quantized embedding.
+    pub(crate) fn row(&self, r: usize, out: &mut [f32]) {
+        let (g, c) = (r / NG, r % NG);
+        let off = self.fmt.offset();
+        for b in 0..self.blocks() {
+            let gb = self.group_block(g, b);
+            let (d, m) = self.scale_min(gb, c);
+            for kk in 0..QK {
+                let q = i32::from(self.quant(gb, c, kk)) - off;
+                out[b * QK + kk] = match self.fmt {
+                    Format::Q4_1 => q as f32 * d + m,
+                    _ => q as f32 * d,
+                };
+            }
+        }
+    }
+
+    /// The rows `ids` of the weight as an f32 tensor [ids.len(), k].
+    pub(crate) fn rows(&self, ids: &[i64]) -> Result<Tensor, EngineError> {
+        let mut out = vec![0f32; ids.len() * self.k];
+        for (dst, &id) in out.chunks_exact_mut(self.k).zip(ids) {
+            let r = usize::try_from(id)
+                .ok()
+                .filter(|&r| r < self.n)
+                .ok_or_else(|| EngineError::Step(format!("token id {id} out of range")))?;
+            self.row(r, dst);
+        }
+        Ok(Tensor::f_from_slice(&out)?.f_view([ids.len() as i64, self.k as i64])?)
+    }
+
+    /// `x W^T` for a float32 CPU `x` [m, k] -> [m, n], split over `pool`.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        acts: Activations,
+        pool: &rayon::ThreadPool,
+    ) -> Result<Tensor, EngineError> {
+        let x = x.f_contiguous()?;
+        let size = x.size();
+        let m = match size[..] {
+            [m, k] if k as usize == self.k => m as usize,
+            _ => {
+                return Err(EngineError::Step(format!(
+                    "linear: input {size:?} does not match a weight of {} inputs",
+                    self.k
+                )));
+            }
+        };
+        let xs = crate::attn::f32_view(&x)?;
+        let mut out = vec![0f32; m * self.n];
+        self.matmul(xs, m, acts, simd(), pool, &mut out);
+        Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
+    }
+
+    /// `out` [m, n] = `x` [m, k] W^T, with the SIMD kernels when `simd`.
+    fn matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        acts: Activations,
+        simd: bool,
+        pool: &rayon::ThreadPool,
+        out: &mut [f32],
+    ) {
+        let rows = match acts {
+            Activations::Int8 => Rows::Int8(QuantizedRows::new(x, m, self.k, false)),
+            Activations::Int8Residual => Rows::Int8(QuantizedRows::new(x, m, self.k, true)),
+            Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
+        };
+        let groups = self.n.div_ceil(NG);
+        let chunks = (pool.current_num_threads() * 4).clamp(1, groups);
+        let per = groups.div_ceil(chunks);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        let rows = &rows;
+        pool.scope(|s| {
+            for c in 0..chunks {
+                let (g0, g1) = (c * per, ((c + 1) * per).min(groups));
+                if g0 >= g1 {
+                    continue;
+                }
+                let out_ptr = &out_ptr;
+                s.spawn(move |_| {
+                    for g in g0..g1 {
+                        self.group(rows, m, g, simd, out_ptr.0);
+                    }
+                });
+            }
+        });
+    }
+
+    /// Columns `g*NG ..` of every row of the output.
+    fn group(&self, rows: &Rows, m: usize, g: usize, simd: bool, out: *mut f32) {
+        let cols = NG.min(self.n - g * NG);
+        let mut tile = [[0f32; NG]; MR];
+        let mut r = 0;
+        while r < m {
+            let n_rows = MR.min(m - r);
+            self.tile(rows, r, n_rows, g, simd, &mut tile);
+            for (i, t) in tile.iter().enumerate().take(n_rows) {
+                let dst = (r + i) * self.n + g * NG;
+                #[allow(unsafe_code)]
+                // SAFETY: `out` points at m * n floats; row r + i < m and
+                // columns g*NG .. g*NG + cols <= n, a range no other task
+                // writes (tasks own disjoint groups).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(t.as_ptr(), out.add(dst), cols);
+                }
+            }
+            r += n_rows;
+        }
+    }
+
+    fn tile(
+        &self,
+        rows: &Rows,
+        r0: usize,
+        n_rows: usize,
+        g: usize,
+        simd: bool,
+        tile: &mut [[f32; NG]; MR],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            avx512::tile(self, rows, r0, n_rows, g, tile);
+            return;
+        }
+        let _ = simd;
+        match rows {
+            Rows::Int8(q) => self.portable_int8(q, r0, n_rows, g, tile),
+            Rows::F32(f) => self.portable_f32(f, r0, n_rows, g, tile),
+        }
+    }
+
+    /// The int8 kernel without SIMD, with the same operations per element.
+    fn portable_int8(
+        &self,
+        x: &QuantizedRows,
+        r0: usize,
+        n_rows: usize,
+        g: usize,
+        tile: &mut [[f32; NG]; MR],
+    ) {
+        let off = self.fmt.offset();
+        for (i, t) in tile.iter_mut().enumerate().take(n_rows) {
+            let r = r0 + i;
+            *t = [0.0; NG];
+            for b in 0..self.blocks() {
+                let gb = self.group_block(g, b);
+                let xb = x.block(r, b);
+                let dot = |c: usize, xq: &[i8], xsum: i32| -> i32 {
+                    let d: i32 = (0..QK)
+                        .map(|kk| i32::from(self.quant(gb, c, kk)) * i32::from(xq[kk]))
+                        .sum();
+                    d - off * xsum
+                };
+                for (c, acc) in t.iter_mut().enumerate() {
+                    let (d, m) = self.scale_min(gb, c);
+                    let scale = d * xb.dx;
+                    *acc = scale.mul_add(dot(c, xb.q, xb.sum) as f32, *acc);
+                    if let Some((q2, sum2)) = xb.residual {
+                        *acc = (scale * RESIDUAL_STEP).mul_add(dot(c, q2, sum2) as f32, *acc);
+                    }
+                    if self.fmt == Format::Q4_1 {
+                        *acc = m.mul_add(xb.sx, *acc);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The f32 kernel without SIMD, with the same operations per element.
+    fn portable_f32(
+        &self,
+        x: &F32Rows,
+        r0: usize,
+        n_rows: usize,
+        g: usize,
+        tile: &mut [[f32; NG]; MR],
+    ) {
+        let off = self.fmt.offset();
+        for (i, t) in tile.iter_mut().enumerate().take(n_rows) {
+            let r = r0 + i;
+            *t = [0.0; NG];
+            for b in 0..self.blocks() {
+                let gb = self.group_block(g, b);
+                let (xb, xsum) = x.block(r, b);
+                for (c, acc) in t.iter_mut().enumerate() {
+                    let mut blk = 0f32;
+                    for (kk, &xv) in xb.iter().enumerate() {
+                        let q = i32::from(self.quant(gb, c, kk)) - off;
+                        blk = (q as f32).mul_add(xv, blk);
+                    }
+                    let (d, m) = self.scale_min(gb, c);
+                    *acc = d.mul_add(blk, *acc);
+                    if self.fmt == Format::Q4_1 {
+                        *acc = m.mul_add(xsum, *acc);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: the pointer is only used to write disjoint ranges of a buffer that
+// outlives the scope of the tasks that share it.
+#[allow(unsafe_code)]
+unsafe impl Sync for SendPtr {}
+#[allow(unsafe_code)]
+unsafe impl Send for SendPtr {}

@@ -1,0 +1,273 @@
+//! The quantized kernels against the dequantized f32 matmul (`dequant.rs`
+//! is bit-exact with the `gguf` package, so it is the reference), batch
+//! invariance, and SIMD against portable.
+
+use tch::{Device, Kind, Tensor};
+
+use super::*;
+
+fn pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool")
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+
+    /// An f16 in [2^-7, 2^-5) (as a weight scale), negated when `neg`.
+    fn half(&mut self, neg: bool) -> [u8; 2] {
+        let bits = 0x2000 + (self.next() >> 53) as u16 % 0x0800;
+        (bits | if neg { 0x8000 } else { 0 }).to_le_bytes()
+    }
+}
+
+const FORMATS: [Format; 3] = [Format::Q8_0, Format::Q4_0, Format::Q4_1];
+
+/// Random rows of `fmt` (scales and quants), as a GGUF file holds them.
+fn random_rows(fmt: Format, n: usize, k: usize, seed: u64) -> QuantRows {
+    let mut rng = Rng(seed | 1);
+    let mut data = Vec::new();
+    for _ in 0..n * k / QK {
+        data.extend(rng.half(false));
+        if fmt == Format::Q4_1 {
+            data.extend(rng.half(true));
+        }
+        let quants = if fmt == Format::Q8_0 { QK } else { QK / 2 };
+        data.extend((0..quants).map(|_| rng.byte()));
+    }
+    QuantRows::new(fmt, n, k, data).expect("rows")
+}
+
+fn run(w: &QuantMatrix, x: &Tensor, acts: Activations, simd: bool) -> Vec<f32> {
+    let m = x.size()[0] as usize;
+    let xs = crate::attn::f32_view(x).expect("view");
+    let mut out = vec![0f32; m * w.n()];
+    w.matmul(xs, m, acts, simd, &pool(), &mut out);
+    out
+}
+
+const ACTIVATIONS: [Activations; 3] = [
+    Activations::Int8,
+    Activations::Int8Residual,
+    Activations::F32,
+];
+
+/// Each output against `x W^T` in float64 over the dequantized weight, within
+/// the error the activations' rounding allows: with int8, a value of block b
+/// moves by at most `dx/2 = max|x_b| / 254`, so an output moves by at most
+/// `sum_b max|x_b| / 254 * sum_{k in b} |w_k|` (x1.001 for the rounding of
+/// `1/dx`); with the int8 residual, by `dx/256` (`max|x_b| / 32512`, x1.01);
+/// plus float32 rounding (`1e-5 * sum |w_k x_k|`). The f32 kernel is held
+/// to the rounding term alone.
+#[test]
+fn matches_the_dequantized_matmul_within_the_activation_rounding() {
+    tch::manual_seed(11);
+    for fmt in FORMATS {
+        for (n, k) in [(40usize, 64usize), (64, 576), (17, 1536)] {
+            let rows = random_rows(fmt, n, k, 7 + n as u64);
+            let w = QuantMatrix::new(&rows);
+            let wd = rows.dequantize().expect("dequantize");
+            let x = Tensor::randn([5, k as i64], (Kind::Float, Device::Cpu));
+            let want = x
+                .to_kind(Kind::Double)
+                .linear::<Tensor>(&wd.to_kind(Kind::Double), None);
+            let want: Vec<f64> = Vec::try_from(&want.flatten(0, -1)).expect("vec");
+            let xv: Vec<f32> = Vec::try_from(&x.flatten(0, -1)).expect("x");
+            let wv: Vec<f32> = Vec::try_from(&wd.flatten(0, -1)).expect("w");
+            for acts in ACTIVATIONS {
+                let got = run(&w, &x, acts, simd());
+                for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                    let (r, c) = (i / n, i % n);
+                    let (xr, wr) = (&xv[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
+                    let rounding: f64 = xr.iter().zip(wr).map(|(a, b)| (a * b).abs() as f64).sum();
+                    let quant: f64 = xr
+                        .chunks(QK)
+                        .zip(wr.chunks(QK))
+                        .map(|(xb, wb)| {
+                            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                            amax / 254.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>()
+                        })
+                        .sum();
+                    let bound = 1e-5 * rounding
+                        + match acts {
+                            Activations::Int8 => 1.001 * quant,
+                            Activations::Int8Residual => 1.01 * quant / 128.0,
+                            Activations::F32 => 0.0,
+                        };
+                    let err = (g as f64 - e).abs();
+                    assert!(
+                        err <= bound,
+                        "{fmt:?} {acts:?} n={n} k={k} row {r} col {c}: {g} vs {e} (error {err:.3e} > {bound:.3e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The int8 kernels compute exactly the dequantized weights times the
+/// rounded activations (`dx q`, and `dx q + dx/128 q2` with the residual,
+/// rounded as the kernel rounds them), within float32 rounding
+/// (`1e-5 * sum |w_k x'_k|`, tight enough that one quant off by one in a
+/// block fails).
+#[test]
+fn int8_kernel_is_the_product_with_the_rounded_activations() {
+    tch::manual_seed(14);
+    for fmt in FORMATS {
+        let (n, k) = (48usize, 576usize);
+        let rows = random_rows(fmt, n, k, 31);
+        let w = QuantMatrix::new(&rows);
+        let wv: Vec<f32> = Vec::try_from(&rows.dequantize().expect("w").flatten(0, -1)).expect("w");
+        let x = Tensor::randn([3, k as i64], (Kind::Float, Device::Cpu));
+        let xv: Vec<f32> = Vec::try_from(&x.flatten(0, -1)).expect("x");
+        for (acts, residual) in [
+            (Activations::Int8, false),
+            (Activations::Int8Residual, true),
+        ] {
+            let rounded: Vec<f64> = xv
+                .chunks(QK)
+                .flat_map(|b| {
+                    let dx = b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                    let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
+                    b.iter()
+                        .map(move |&v| {
+                            let q = (v * inv).round();
+                            let q2 = if residual {
+                                ((v - dx * q) * (inv * 128.0)).round()
+                            } else {
+                                0.0
+                            };
+                            q as f64 * dx as f64 + q2 as f64 * (dx / 128.0) as f64
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for simd in [false, available()] {
+                let got = run(&w, &x, acts, simd);
+                for (i, &g) in got.iter().enumerate() {
+                    let (r, c) = (i / n, i % n);
+                    let (xr, wr) = (&rounded[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
+                    let want: f64 = xr.iter().zip(wr).map(|(a, &b)| a * b as f64).sum();
+                    let scale: f64 = xr.iter().zip(wr).map(|(a, &b)| (a * b as f64).abs()).sum();
+                    let err = (g as f64 - want).abs();
+                    assert!(
+                        err <= 1e-5 * scale,
+                        "{fmt:?} {acts:?} simd={simd} row {r} col {c}: {g} vs {want} ({err:.3e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A row's outputs are the same, to the bit, alone and in batches of any
+/// size (tiles of 1 to 8 rows and a ragged last tile).
+#[test]
+fn a_row_is_the_same_alone_and_in_a_batch() {
+    tch::manual_seed(12);
+    for fmt in FORMATS {
+        let w = QuantMatrix::new(&random_rows(fmt, 48, 128, 3));
+        let x = Tensor::randn([13, 128], (Kind::Float, Device::Cpu));
+        for acts in ACTIVATIONS {
+            let row = 4usize;
+            let alone = run(&w, &x.narrow(0, row as i64, 1), acts, simd());
+            for m in [5i64, 8, 9, 13] {
+                let all = run(&w, &x.narrow(0, 0, m), acts, simd());
+                assert_eq!(
+                    all[row * 48..(row + 1) * 48],
+                    alone[..],
+                    "{fmt:?} {acts:?} m={m}"
+                );
+            }
+        }
+    }
+}
+
+/// The SIMD and portable kernels do the same operations in the same order,
+/// so they agree to the bit (every tile height, a ragged last group).
+#[test]
+fn simd_and_portable_kernels_agree_exactly() {
+    if !available() {
+        eprintln!("no AVX-512 VNNI: only the portable kernel runs here");
+        return;
+    }
+    tch::manual_seed(13);
+    for fmt in FORMATS {
+        let w = QuantMatrix::new(&random_rows(fmt, 40, 320, 5));
+        let x = Tensor::randn([8, 320], (Kind::Float, Device::Cpu));
+        for acts in ACTIVATIONS {
+            for m in 1..=8 {
+                let x = x.narrow(0, 0, m);
+                let (a, b) = (run(&w, &x, acts, true), run(&w, &x, acts, false));
+                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{fmt:?} {acts:?} m={m}");
+            }
+        }
+    }
+}
+
+/// A row read back from the repacked layout (the embedding lookup) is
+/// ggml's dequantization of it, bit for bit.
+#[test]
+fn rows_read_back_as_ggml_dequantizes_them() {
+    for fmt in FORMATS {
+        let rows = random_rows(fmt, 37, 96, 9);
+        let w = QuantMatrix::new(&rows);
+        let ids = [0i64, 36, 17, 16, 17];
+        let got = w.rows(&ids).expect("rows");
+        let want = rows
+            .dequantize()
+            .expect("dequantize")
+            .index_select(0, &Tensor::from_slice(&ids));
+        assert!(got.equal(&want), "{fmt:?}");
+        assert!(w.rows(&[37]).is_err(), "{fmt:?}: an id past the rows");
+    }
+}
+
+/// Permuting and stacking rows in ggml's layout is permuting and stacking
+/// the dequantized rows.
+#[test]
+fn permuted_and_stacked_rows_match_the_dequantized_ones() {
+    let a = random_rows(Format::Q4_1, 6, 64, 21);
+    let b = random_rows(Format::Q4_1, 2, 64, 22);
+    let perm = [3usize, 0, 5, 1, 4, 2];
+    let p = a.permute_rows(&perm);
+    let idx = Tensor::from_slice(&perm.map(|i| i as i64));
+    let want = a.dequantize().expect("a").index_select(0, &idx);
+    assert!(p.dequantize().expect("p").equal(&want));
+    let cat = QuantRows::cat(&[&a, &b]).expect("cat");
+    let want = Tensor::cat(&[a.dequantize().expect("a"), b.dequantize().expect("b")], 0);
+    assert!(cat.dequantize().expect("cat").equal(&want));
+    let other = random_rows(Format::Q8_0, 2, 64, 23);
+    assert!(QuantRows::cat(&[&a, &other]).is_none(), "formats differ");
+}
+
+/// The repacked weight keeps the format's bits per weight.
+#[test]
+fn repacking_keeps_the_size() {
+    for fmt in FORMATS {
+        let rows = random_rows(fmt, 64, 256, 1);
+        assert_eq!(QuantMatrix::new(&rows).bytes(), rows.bytes(), "{fmt:?}");
+    }
+}
+
+#[test]
+fn rejects_a_mismatched_input() {
+    let w = QuantMatrix::new(&random_rows(Format::Q8_0, 16, 64, 2));
+    let x = Tensor::zeros([2, 63], (Kind::Float, Device::Cpu));
+    assert!(w.forward(&x, Activations::Int8, &pool()).is_err());
+}
