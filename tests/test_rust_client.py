@@ -129,8 +129,19 @@ def bidi_lines(done: subprocess.CompletedProcess) -> list[tuple[str, str, int, s
     for line in lines:
         m = BIDI_LINE.match(line)
         assert m, line
-        out.append((m.group(1), m.group(2), int(m.group(3)), ast.literal_eval(m.group(4))))
+        out.append((m.group(1), m.group(2), int(m.group(3)), rust_debug_str(m.group(4))))
     return out
+
+
+def rust_debug_str(quoted: str) -> str:
+    """A string as Rust's `{:?}` prints it (Python's escapes, except that a
+    Unicode escape is `\\u{e31}`, which Python's parser refuses)."""
+    def escape(m: re.Match) -> str:
+        return m.group(0) if m.group(1) is None else f"\\U{int(m.group(1), 16):08x}"
+
+    # An escaped backslash is matched whole, so `\\\\u{41}` stays text.
+    python = re.sub(r"\\\\|\\u\{([0-9a-fA-F]{1,6})\}", escape, quoted)
+    return ast.literal_eval(python)
 
 
 def test_bidi_multiplexes_two_requests_and_cancels_one(smol):
