@@ -86,17 +86,7 @@ impl Packed {
         x: &Tensor,
         pool: &rayon::ThreadPool,
     ) -> Result<Tensor, EngineError> {
-        let x = x.f_contiguous()?;
-        let size = x.size();
-        let m = match size[..] {
-            [m, k] if k as usize == self.k => m as usize,
-            _ => {
-                return Err(EngineError::Step(format!(
-                    "linear: input {size:?} does not match a weight of {} inputs",
-                    self.k
-                )));
-            }
-        };
+        let (x, m) = input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         let mut out = vec![0f32; m * self.n];
         let panels = self.n.div_ceil(NR);
@@ -170,6 +160,19 @@ impl Packed {
             }
             r += rows;
         }
+    }
+}
+
+/// `x` [m, k] made contiguous, and its m; an error when its shape does not
+/// fit a weight of `k` inputs.
+pub(crate) fn input_rows(x: &Tensor, k: usize) -> Result<(Tensor, usize), EngineError> {
+    let x = x.f_contiguous()?;
+    let size = x.size();
+    match size[..] {
+        [m, kx] if kx as usize == k => Ok((x, m as usize)),
+        _ => Err(EngineError::Step(format!(
+            "linear: input {size:?} does not match a weight of {k} inputs"
+        ))),
     }
 }
 

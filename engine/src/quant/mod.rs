@@ -268,17 +268,7 @@ impl QuantMatrix {
         acts: Activations,
         pool: &rayon::ThreadPool,
     ) -> Result<Tensor, EngineError> {
-        let x = x.f_contiguous()?;
-        let size = x.size();
-        let m = match size[..] {
-            [m, k] if k as usize == self.k => m as usize,
-            _ => {
-                return Err(EngineError::Step(format!(
-                    "linear: input {size:?} does not match a weight of {} inputs",
-                    self.k
-                )));
-            }
-        };
+        let (x, m) = crate::gemm::input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         let mut out = vec![0f32; m * self.n];
         self.matmul(xs, m, acts, simd(), pool, &mut out);
