@@ -22,8 +22,10 @@ fn main() {
     }
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused.cpp");
     println!("cargo::rustc-check-cfg=cfg(gyre_cuda_graphs)");
-    // CUDA graphs (csrc/graph.cpp) need the CUDA runtime's headers: the
+    // CUDA graphs (csrc/graph.cpp) and the fused kernels' host side
+    // (csrc/fused.cpp) need the CUDA runtime's headers: the
     // CUDA wheels torch depends on carry them beside torch.
     let cuda_include = [
         format!("{root}/../nvidia/cu13/include"),
@@ -45,6 +47,7 @@ fn main() {
         cc::Build::new()
             .cpp(true)
             .file("csrc/graph.cpp")
+            .file("csrc/fused.cpp")
             .include(format!("{root}/include"))
             .include(format!("{root}/include/torch/csrc/api/include"))
             .include(inc)

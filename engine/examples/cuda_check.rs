@@ -3,9 +3,14 @@
 //!     cuda_check <model dir>
 //!
 //! Runs two sequences through packed steps that mix a chunked prefill, a
-//! chunk after cached tokens, a full prompt and a decode, once with flash
+//! chunk after cached tokens, a full prompt and a decode, then a step of
+//! decodes only, once with flash
 //! attention over packed sequences and once with SDPA per sequence, and
-//! compares the hidden states; then compares the CUDA (bf16) logits of a
+//! compares the hidden states; then each fused kernel against the
+//! libtorch ops it replaces, and the steps with the fused kernels on and
+//! off (tests/gpu/device.sh sets `GYRE_FUSED_NORM=0`, so that with them
+//! off norms run transformers' unfused arithmetic, as the fused kernel
+//! does, not libtorch's one-pass RMSNorm); then compares the CUDA (bf16) logits of a
 //! prompt with the CPU (f32) ones; then runs seeded requests with every
 //! sampling parameter through the engine on CUDA twice, sampling on the
 //! device and on the host, and compares their tokens. Exits non-zero if
@@ -13,7 +18,7 @@
 //! stream's tokens differ.
 use std::process::ExitCode;
 
-use gyre_engine::internals::{Model, SeqInput, load};
+use gyre_engine::internals::{Model, SeqInput, check_fused_kernels, load, set_fused_kernels};
 use gyre_engine::{DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling};
 use tch::{Device, Kind, Tensor};
 
@@ -123,7 +128,27 @@ fn steps(model: &dyn Model) -> Vec<Tensor> {
             &mut pool,
         )
         .expect("step 2");
-    vec![step1, step2]
+    // Every sequence decodes one token (a decode graph's kind of step).
+    let step3 = model
+        .forward(
+            &[
+                SeqInput {
+                    tokens: &[9],
+                    start: 40,
+                    block_table: &ta,
+                    seq_len: a.len() + 1,
+                },
+                SeqInput {
+                    tokens: &[11],
+                    start: 24,
+                    block_table: &tb,
+                    seq_len: b.len() + 2,
+                },
+            ],
+            &mut pool,
+        )
+        .expect("step 3");
+    vec![step1, step2, step3]
 }
 
 fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
@@ -154,6 +179,40 @@ fn main() -> ExitCode {
         ok &= d < 3e-2;
     }
     gpu.set_flash_attention(true);
+    // The fused kernels (on in every run above) against the libtorch ops
+    // they replace: each kernel alone, then the model's steps.
+    match check_fused_kernels() {
+        Ok(diffs) => {
+            for (name, d) in diffs {
+                // One bf16 step (2^-8 relative) where the norm's float32 sum
+                // runs in another order; elsewhere the same arithmetic.
+                let tol = if name.starts_with("rms_norm") {
+                    8e-3
+                } else {
+                    0.0
+                };
+                println!(
+                    "fused kernel vs libtorch ops, {name}: max relative diff {d:.3e} (allowed {tol:.0e})"
+                );
+                ok &= d <= tol;
+            }
+        }
+        Err(e) => {
+            println!("fused kernels: {e}");
+            ok = false;
+        }
+    }
+    set_fused_kernels(false);
+    let plain = steps(gpu.as_ref());
+    set_fused_kernels(true);
+    for (i, (f, p)) in flash.iter().zip(&plain).enumerate() {
+        let d = max_rel(f, p);
+        println!(
+            "step {}: fused kernels vs libtorch ops (unfused norm), max relative diff of hidden states {d:.3e}",
+            i + 1
+        );
+        ok &= d < 3e-2;
+    }
     let cpu = load(dir.as_ref(), Device::Cpu, Kind::Float).expect("load on CPU");
     let prompt: Vec<u32> = (0..48).map(|i| 300 + (i * 71) % 900).collect();
     let lg = gpu

@@ -23,6 +23,7 @@ mod draft;
 pub mod encoder;
 mod fair;
 mod flash;
+mod fused;
 mod gemm;
 pub mod gguf;
 mod graph;
@@ -629,6 +630,9 @@ pub mod internals {
     use std::path::Path;
 
     pub use crate::config::{Llama3Scaling, LongRopeScaling, ModelConfig, RopeScaling};
+    pub use crate::fused::{
+        check_against_libtorch as check_fused_kernels, set_enabled as set_fused_kernels,
+    };
     pub use crate::kv::KvPool;
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};

@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
+# shapes, decode, decode-fused, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gyre-out}
@@ -55,7 +55,7 @@ step_env() {
 step_cuda_check() {
   for m in ${CUDA_CHECK_MODELS:-"$W"/tiny-*}; do
     echo "== cuda_check $(basename "$m")"
-    $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -12
+    GYRE_FUSED_NORM=0 $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -24
   done 2>&1 | tee -a "$OUT/cuda_check.txt"
 }
 
@@ -109,6 +109,41 @@ step_decode() {
     fi
     python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
   done 2>&1 | tee -a "$OUT/decode.txt"
+}
+
+step_decode_fused() {
+  # gyre's fused kernels (engine/src/fused.rs) on, and off
+  # (GYRE_FUSED_KERNELS=0). Batch 1 on each shape, 8 streams and a
+  # 2,000-token context on the 8B;
+  # CUDA graphs on, graph replay times profiled; then the rooflines.
+  local run
+  run() {
+    local m=$1 streams=$2 prompt=$3; shift 3
+    echo "== steptime $(basename "$m") streams=$streams prompt=$prompt $*"
+    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+      $B/examples/steptime "$m" "$prompt" 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+  }
+  for name in ${DECODE_MODELS:-llama-3-8b llama-3.2-1b}; do
+    local m="$W/$name"
+    [ -d "$m" ] || continue
+    run "$m" 1 128 X=1
+    run "$m" 1 128 GYRE_FUSED_KERNELS=0
+    if [ "$name" = llama-3-8b ]; then
+      run "$m" 8 128 X=1
+      run "$m" 8 128 GYRE_FUSED_KERNELS=0
+      run "$m" 1 2000 X=1
+      run "$m" 1 2000 GYRE_FUSED_KERNELS=0
+    fi
+    python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
+  done 2>&1 | tee -a "$OUT/decode.txt"
+}
+
+step_profile() {
+  # Device time of each operation of a decode step at batch 1 (PyTorch,
+  # CUDA graphs): what the projections reach against the copy bandwidth.
+  for shape in llama-3-8b llama-3.2-1b; do
+    python3 tests/gpu/layer_profile.py --shape $shape --bandwidth "$OUT/bandwidth.json"
+  done 2>&1 | tee -a "$OUT/profile.txt"
 }
 
 step_bench() {

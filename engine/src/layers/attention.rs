@@ -21,6 +21,7 @@ use tch::{Kind, Tensor};
 
 use super::Backend;
 use super::batch::StepBatch;
+use super::rope::RopeAt;
 use crate::EngineError;
 use crate::attn;
 use crate::kv::KvPool;
@@ -82,10 +83,63 @@ pub(crate) fn paged_attention_with(
     p: &AttnParams,
     lg: &AttnLogits,
 ) -> Result<Tensor, EngineError> {
+    s.pool.write(s.layer, &s.batch.new_slots, k, v)?;
+    attend_stored(s, q, p, lg)
+}
+
+/// Rotary embedding of `qkv`'s query and key heads, the keys and values
+/// stored in the pool, then [`paged_attention`]: one fused kernel for the
+/// first two on CUDA in bf16 when the step takes flash attention (Llama's
+/// decode path), else `rope`'s ops and the pool's copies. `qkv` [n, (heads
+/// + 2 kv_heads) * head_dim].
+pub(crate) fn paged_attention_qkv(
+    s: &mut LayerStep<'_>,
+    qkv: &Tensor,
+    rope: &RopeAt,
+    p: &AttnParams,
+) -> Result<Tensor, EngineError> {
+    if s.batch.flash.is_some()
+        && p.window.is_none()
+        && s.be.flash_attention()
+        && rope.rotates_all(p.head_dim)
+        && crate::fused::usable(qkv)
+    {
+        let (cos, signed_sin) = rope.tables(qkv.kind())?;
+        let (kc, vc) = s.pool.layer(s.layer);
+        if crate::fused::usable(&cos)
+            && crate::fused::usable(&signed_sin)
+            && crate::fused::usable(kc)
+            && s.batch.new_slots.is_contiguous()
+        {
+            let q = crate::fused::rope_kv(
+                qkv,
+                &cos,
+                &signed_sin,
+                &s.batch.new_slots,
+                kc,
+                vc,
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+            )?;
+            return attend_stored(s, &q, p, &AttnLogits::default());
+        }
+    }
+    let (q, k, v) = rope.apply_qkv(qkv, p.heads, p.kv_heads, p.head_dim)?;
+    paged_attention(s, &q, &k, &v, p)
+}
+
+/// The attention of `q` over the pool, the step's own keys and values
+/// already stored there.
+fn attend_stored(
+    s: &mut LayerStep<'_>,
+    q: &Tensor,
+    p: &AttnParams,
+    lg: &AttnLogits,
+) -> Result<Tensor, EngineError> {
     let (b, be, li) = (s.batch, s.be, s.layer);
     let pool = &mut *s.pool;
     let (n, width) = (b.n, p.heads * p.head_dim);
-    pool.write(li, &b.new_slots, k, v)?;
     if let (Some((varlen, gather)), None, true) = (&b.flash, p.window, lg.is_default())
         && be.flash_attention()
     {

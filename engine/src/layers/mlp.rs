@@ -89,6 +89,11 @@ impl GatedMlp {
 
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
         let gu = self.gate_up.forward(x, be)?;
+        if matches!(self.act, Act::Silu) && crate::fused::usable(&gu) {
+            return self
+                .down
+                .forward(&crate::fused::silu_mul(&gu, self.inter)?, be);
+        }
         let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;
         let u = gu.f_narrow(1, self.inter, self.inter)?;
         self.down.forward(&g.f_mul(&u)?, be)

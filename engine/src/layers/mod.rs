@@ -48,6 +48,10 @@ impl Backend {
             .thread_name(|i| format!("gyre-gemm-{i}"))
             .build()
             .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?;
+        if device.is_cuda() && kind == Kind::BFloat16 {
+            // Before any step: loading a module inside a graph capture fails.
+            crate::fused::prepare();
+        }
         Ok(Self {
             device,
             kind,

@@ -20,6 +20,10 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, EngineError> {
+        if crate::fused::usable(x) && crate::fused::usable(&self.w) {
+            // gyre's kernel: transformers' two roundings, one launch.
+            return Ok(crate::fused::add_rms_norm(x, None, &self.w, self.eps)?.1);
+        }
         if x.device().is_cuda() && fused_on_cuda() {
             // One kernel instead of eight (at batch 1 a decode step is
             // dozens of tiny kernels per layer). It rounds once, where
@@ -35,6 +39,19 @@ impl RmsNorm {
             .f_mean_dim(-1, true, Kind::Float)?;
         let h = h.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(self.w.f_mul(&h.f_to_kind(kind)?)?)
+    }
+}
+
+impl RmsNorm {
+    /// The residual `x + delta` and its norm: one kernel on CUDA in bf16
+    /// (the decode path's other half of a layer boundary), else two steps.
+    pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> Result<(Tensor, Tensor), EngineError> {
+        if crate::fused::usable(x) && crate::fused::usable(delta) && crate::fused::usable(&self.w) {
+            return crate::fused::add_rms_norm(x, Some(delta), &self.w, self.eps);
+        }
+        let x = x.f_add(delta)?;
+        let h = self.forward(&x)?;
+        Ok((x, h))
     }
 }
 

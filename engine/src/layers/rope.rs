@@ -171,8 +171,13 @@ impl RopeAt {
         ))
     }
 
+    /// Whether the tables rotate all `head_dim` dimensions of a head.
+    pub fn rotates_all(&self, head_dim: i64) -> bool {
+        self.rot_dim == head_dim
+    }
+
     /// cos and the signed sine in `kind`, made once per step.
-    fn tables(&self, kind: Kind) -> Result<(Tensor, Tensor), EngineError> {
+    pub(crate) fn tables(&self, kind: Kind) -> Result<(Tensor, Tensor), EngineError> {
         if let Some((k, c, s)) = self.cast.get()
             && *k == kind
         {

@@ -12,7 +12,7 @@ use super::{Model, field, flag, refuse, require_full_rotary, require_layer_types
 use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::layers::Backend;
-use crate::layers::attention::{AttnParams, LayerStep, paged_attention};
+use crate::layers::attention::{AttnParams, LayerStep, paged_attention_qkv};
 use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
@@ -97,15 +97,8 @@ impl Attention {
         rope: &RopeAt,
         s: &mut LayerStep<'_>,
     ) -> Result<Tensor, EngineError> {
-        let AttnParams {
-            heads: nh,
-            kv_heads: nkv,
-            head_dim: hd,
-            ..
-        } = self.p;
         let qkv = self.qkv.forward(x, s.be)?;
-        let (q, k, v) = rope.apply_qkv(&qkv, nh, nkv, hd)?;
-        let out = paged_attention(s, &q, &k, &v, &self.p)?;
+        let out = paged_attention_qkv(s, &qkv, rope, &self.p)?;
         self.o.forward(&out, s.be)
     }
 }
@@ -125,8 +118,8 @@ impl Layer for DecoderLayer {
         s: &mut LayerStep<'_>,
     ) -> Result<Tensor, EngineError> {
         let h = self.input_layernorm.forward(x)?;
-        let x = x.f_add(&self.self_attn.forward(&h, rope, s)?)?;
-        let h = self.post_attention_layernorm.forward(&x)?;
+        let a = self.self_attn.forward(&h, rope, s)?;
+        let (x, h) = self.post_attention_layernorm.add_forward(x, &a)?;
         Ok(x.f_add(&self.mlp.forward(&h, s.be)?)?)
     }
 }
