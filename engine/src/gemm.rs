@@ -16,9 +16,76 @@
 //! it put logits 1.6e-4 from a float64 run, against transformers' own
 //! 9.3e-5); blocks of 128 bring that to 5.8e-5.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+
+/// The compute threads of the CPU's linear layers: the calling thread and
+/// `threads - 1` pool workers that work with it. A product is cut into
+/// chunks that every thread takes from one counter, the caller included, so
+/// the caller computes instead of sleeping until the workers are done, and
+/// no more threads run than were asked for (a pool as large as the thread
+/// count, with the caller blocked on it, put three threads on two cores:
+/// each product then cost a few context switches, which at batch 1 on a
+/// small model was as much time as the arithmetic).
+pub(crate) struct Workers {
+    /// None: the caller alone (one thread).
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Workers {
+    pub(crate) fn new(threads: usize) -> Result<Self, EngineError> {
+        let pool = if threads <= 1 {
+            None
+        } else {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads - 1)
+                    .thread_name(|i| format!("gyre-gemm-{i}"))
+                    .build()
+                    .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?,
+            )
+        };
+        Ok(Self { pool })
+    }
+
+    /// Threads a product runs on, the caller included.
+    pub(crate) fn threads(&self) -> usize {
+        1 + self
+            .pool
+            .as_ref()
+            .map_or(0, rayon::ThreadPool::current_num_threads)
+    }
+
+    /// Runs `work(c)` for every `c` in `0..chunks`, each exactly once, on
+    /// the caller and the workers; returns when all are done.
+    pub(crate) fn run(&self, chunks: usize, work: impl Fn(usize) + Sync) {
+        let next = AtomicUsize::new(0);
+        let take = || {
+            loop {
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= chunks {
+                    break;
+                }
+                work(c);
+            }
+        };
+        match &self.pool {
+            Some(pool) if chunks > 1 => {
+                let helpers = pool.current_num_threads().min(chunks - 1);
+                pool.in_place_scope(|s| {
+                    for _ in 0..helpers {
+                        s.spawn(|_| take());
+                    }
+                    take();
+                });
+            }
+            _ => take(),
+        }
+    }
+}
 
 /// Output columns per panel (two 16-float vectors).
 const NR: usize = 32;
@@ -81,42 +148,31 @@ impl Packed {
     }
 
     /// `x W^T` for a float32 CPU `x` [m, k] -> [m, n], split over `pool`.
-    pub(crate) fn forward(
-        &self,
-        x: &Tensor,
-        pool: &rayon::ThreadPool,
-    ) -> Result<Tensor, EngineError> {
+    pub(crate) fn forward(&self, x: &Tensor, workers: &Workers) -> Result<Tensor, EngineError> {
         let (x, m) = input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         let mut out = vec![0f32; m * self.n];
         let panels = self.n.div_ceil(NR);
         // Contiguous runs of panels, a few per thread so the work balances.
-        let chunks = (pool.current_num_threads() * 4).clamp(1, panels);
+        let chunks = (workers.threads() * 4).clamp(1, panels);
         let mut per = panels.div_ceil(chunks);
         if m == 1 {
             // Whole groups of panels for the one-row kernel.
             per = per.next_multiple_of(PANELS1);
         }
         let out_ptr = SendPtr(out.as_mut_ptr());
-        pool.scope(|s| {
-            for c in 0..chunks {
-                let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
-                if p0 >= p1 {
-                    continue;
-                }
-                let out_ptr = &out_ptr;
-                s.spawn(move |_| {
-                    let mut p = p0;
-                    // One row (a batch-1 decode): several panels at once.
-                    while m == 1 && p + PANELS1 <= p1 {
-                        self.panels_one_row(xs, p, out_ptr.0);
-                        p += PANELS1;
-                    }
-                    for p in p..p1 {
-                        // Each task writes only its own panels' columns.
-                        self.panel(xs, m, p, out_ptr.0);
-                    }
-                });
+        let out_ptr = &out_ptr;
+        workers.run(chunks, |c| {
+            let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
+            let mut p = p0;
+            // One row (a batch-1 decode): several panels at once.
+            while m == 1 && p + PANELS1 <= p1 {
+                self.panels_one_row(xs, p, out_ptr.0);
+                p += PANELS1;
+            }
+            for p in p..p1 {
+                // Each chunk writes only its own panels' columns.
+                self.panel(xs, m, p, out_ptr.0);
             }
         });
         Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
@@ -361,11 +417,24 @@ mod avx512 {
 mod tests {
     use super::*;
 
-    fn pool() -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool")
+    fn pool() -> Workers {
+        Workers::new(2).expect("workers")
+    }
+
+    /// Every chunk runs exactly once, with and without workers.
+    #[test]
+    fn workers_run_each_chunk_once() {
+        for threads in [1, 2, 3] {
+            let w = Workers::new(threads).expect("workers");
+            assert_eq!(w.threads(), threads);
+            for chunks in [0, 1, 2, 7, 64] {
+                let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
+                w.run(chunks, |c| {
+                    hits[c].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
     }
 
     /// Matches libtorch's linear for ragged shapes, and each row's result

@@ -30,9 +30,12 @@ const F32_ACTS: f64 = 1e-3;
 /// With int8 activations and their residuals (measured: 1.8e-2).
 const RESIDUAL_ACTS: f64 = 5e-2;
 /// With int8 activations alone, as llama.cpp multiplies these formats
-/// (measured: 1.8, of logits around 25; the next token may differ where
-/// the f32 path's top two are close, as on the France prompt, 0.08 apart).
-const INT8_ACTS: f64 = 3.0;
+/// (measured: 1.8, then 3.1 after the CPU's RMSNorm began summing its
+/// squares in float64, of logits around 25: this path's error moves that
+/// much with any change of rounding before the activations are quantized;
+/// the next token may differ where the f32 path's top two are close, as on
+/// the France prompt, 0.08 apart).
+const INT8_ACTS: f64 = 4.0;
 
 fn refs() -> PathBuf {
     std::env::var_os("GYRE_GGUF_REF")

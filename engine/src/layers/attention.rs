@@ -88,9 +88,10 @@ pub(crate) fn paged_attention_with(
 }
 
 /// Rotary embedding of `qkv`'s query and key heads, the keys and values
-/// stored in the pool, then [`paged_attention`]: one fused kernel for the
-/// first two on CUDA in bf16 when the step takes flash attention (Llama's
-/// decode path), else `rope`'s ops and the pool's copies. `qkv` [n, (heads
+/// stored in the pool, then [`paged_attention`]: the first two in one fused
+/// kernel on CUDA in bf16 when the step takes flash attention, or in one
+/// pass of Rust on the CPU in float32 (`crate::fused::cpu`), else `rope`'s
+/// ops and the pool's copies. `qkv` [n, (heads
 /// + 2 kv_heads) * head_dim].
 pub(crate) fn paged_attention_qkv(
     s: &mut LayerStep<'_>,
@@ -112,6 +113,28 @@ pub(crate) fn paged_attention_qkv(
             && s.batch.new_slots.is_contiguous()
         {
             let q = crate::fused::rope_kv(
+                qkv,
+                &cos,
+                &signed_sin,
+                &s.batch.new_slots,
+                kc,
+                vc,
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+            )?;
+            return attend_stored(s, &q, p, &AttnLogits::default());
+        }
+    }
+    if rope.rotates_all(p.head_dim) && crate::fused::cpu_usable(qkv) {
+        let (cos, signed_sin) = rope.tables(qkv.kind())?;
+        let (kc, vc) = s.pool.layer(s.layer);
+        if crate::fused::cpu_usable(&cos)
+            && crate::fused::cpu_usable(&signed_sin)
+            && crate::fused::cpu_usable(kc)
+            && crate::fused::cpu_usable(vc)
+        {
+            let q = crate::fused::cpu::rope_kv(
                 qkv,
                 &cos,
                 &signed_sin,

@@ -94,6 +94,11 @@ impl GatedMlp {
                 .down
                 .forward(&crate::fused::silu_mul(&gu, self.inter)?, be);
         }
+        if matches!(self.act, Act::Silu) && crate::fused::cpu_usable(&gu) {
+            return self
+                .down
+                .forward(&crate::fused::cpu::silu_mul(&gu, self.inter)?, be);
+        }
         let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;
         let u = gu.f_narrow(1, self.inter, self.inter)?;
         self.down.forward(&g.f_mul(&u)?, be)

@@ -34,8 +34,9 @@ pub struct Backend {
     /// float32 CPU with AVX-512 VNNI, unless told to dequantize); None:
     /// quantized rows are dequantized at load.
     pub(crate) quant: Option<crate::quant::Activations>,
-    /// Threads for the packed linear layers (as many as libtorch's).
-    pub(crate) pool: rayon::ThreadPool,
+    /// Threads for the packed and quantized linear layers (as many as
+    /// libtorch's, the calling thread included).
+    pub(crate) pool: gemm::Workers,
     /// On CUDA: flash attention over packed sequences works (cleared, with
     /// a warning, the first time it fails).
     flash: AtomicBool,
@@ -43,11 +44,7 @@ pub struct Backend {
 
 impl Backend {
     pub(crate) fn new(device: Device, kind: Kind) -> Result<Self, EngineError> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(tch::get_num_threads().max(1) as usize)
-            .thread_name(|i| format!("gyre-gemm-{i}"))
-            .build()
-            .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?;
+        let pool = gemm::Workers::new(tch::get_num_threads().max(1) as usize)?;
         if device.is_cuda() && kind == Kind::BFloat16 {
             // Before any step: loading a module inside a graph capture fails.
             crate::fused::prepare();

@@ -266,12 +266,12 @@ impl QuantMatrix {
         &self,
         x: &Tensor,
         acts: Activations,
-        pool: &rayon::ThreadPool,
+        workers: &crate::gemm::Workers,
     ) -> Result<Tensor, EngineError> {
         let (x, m) = crate::gemm::input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         let mut out = vec![0f32; m * self.n];
-        self.matmul(xs, m, acts, simd(), pool, &mut out);
+        self.matmul(xs, m, acts, simd(), workers, &mut out);
         Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
     }
 
@@ -282,7 +282,7 @@ impl QuantMatrix {
         m: usize,
         acts: Activations,
         simd: bool,
-        pool: &rayon::ThreadPool,
+        workers: &crate::gemm::Workers,
         out: &mut [f32],
     ) {
         let rows = match acts {
@@ -291,22 +291,15 @@ impl QuantMatrix {
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
         };
         let groups = self.n.div_ceil(NG);
-        let chunks = (pool.current_num_threads() * 4).clamp(1, groups);
+        let chunks = (workers.threads() * 4).clamp(1, groups);
         let per = groups.div_ceil(chunks);
         let out_ptr = SendPtr(out.as_mut_ptr());
+        let out_ptr = &out_ptr;
         let rows = &rows;
-        pool.scope(|s| {
-            for c in 0..chunks {
-                let (g0, g1) = (c * per, ((c + 1) * per).min(groups));
-                if g0 >= g1 {
-                    continue;
-                }
-                let out_ptr = &out_ptr;
-                s.spawn(move |_| {
-                    for g in g0..g1 {
-                        self.group(rows, m, g, simd, out_ptr.0);
-                    }
-                });
+        workers.run(chunks, |c| {
+            let (g0, g1) = (c * per, ((c + 1) * per).min(groups));
+            for g in g0..g1 {
+                self.group(rows, m, g, simd, out_ptr.0);
             }
         });
     }

@@ -6,11 +6,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::*;
 
-fn pool() -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool")
+fn pool() -> crate::gemm::Workers {
+    crate::gemm::Workers::new(2).expect("workers")
 }
 
 /// A small deterministic generator (xorshift64*).
