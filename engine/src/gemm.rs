@@ -16,76 +16,11 @@
 //! it put logits 1.6e-4 from a float64 run, against transformers' own
 //! 9.3e-5); blocks of 128 bring that to 5.8e-5.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
 
-/// The compute threads of the CPU's linear layers: the calling thread and
-/// `threads - 1` pool workers that work with it. A product is cut into
-/// chunks that every thread takes from one counter, the caller included, so
-/// the caller computes instead of sleeping until the workers are done, and
-/// no more threads run than were asked for (a pool as large as the thread
-/// count, with the caller blocked on it, put three threads on two cores:
-/// each product then cost a few context switches, which at batch 1 on a
-/// small model was as much time as the arithmetic).
-pub(crate) struct Workers {
-    /// None: the caller alone (one thread).
-    pool: Option<rayon::ThreadPool>,
-}
-
-impl Workers {
-    pub(crate) fn new(threads: usize) -> Result<Self, EngineError> {
-        let pool = if threads <= 1 {
-            None
-        } else {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads - 1)
-                    .thread_name(|i| format!("gyre-gemm-{i}"))
-                    .build()
-                    .map_err(|e| EngineError::Step(format!("cannot start compute threads: {e}")))?,
-            )
-        };
-        Ok(Self { pool })
-    }
-
-    /// Threads a product runs on, the caller included.
-    pub(crate) fn threads(&self) -> usize {
-        1 + self
-            .pool
-            .as_ref()
-            .map_or(0, rayon::ThreadPool::current_num_threads)
-    }
-
-    /// Runs `work(c)` for every `c` in `0..chunks`, each exactly once, on
-    /// the caller and the workers; returns when all are done.
-    pub(crate) fn run(&self, chunks: usize, work: impl Fn(usize) + Sync) {
-        let next = AtomicUsize::new(0);
-        let take = || {
-            loop {
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= chunks {
-                    break;
-                }
-                work(c);
-            }
-        };
-        match &self.pool {
-            Some(pool) if chunks > 1 => {
-                let helpers = pool.current_num_threads().min(chunks - 1);
-                pool.in_place_scope(|s| {
-                    for _ in 0..helpers {
-                        s.spawn(|_| take());
-                    }
-                    take();
-                });
-            }
-            _ => take(),
-        }
-    }
-}
+pub(crate) use crate::workers::Workers;
 
 /// Output columns per panel (two 16-float vectors).
 const NR: usize = 32;
@@ -419,22 +354,6 @@ mod tests {
 
     fn pool() -> Workers {
         Workers::new(2).expect("workers")
-    }
-
-    /// Every chunk runs exactly once, with and without workers.
-    #[test]
-    fn workers_run_each_chunk_once() {
-        for threads in [1, 2, 3] {
-            let w = Workers::new(threads).expect("workers");
-            assert_eq!(w.threads(), threads);
-            for chunks in [0, 1, 2, 7, 64] {
-                let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
-                w.run(chunks, |c| {
-                    hits[c].fetch_add(1, Ordering::Relaxed);
-                });
-                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
-            }
-        }
     }
 
     /// Matches libtorch's linear for ragged shapes, and each row's result

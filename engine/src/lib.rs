@@ -38,6 +38,7 @@ mod scheduler;
 mod sequence;
 mod speculate;
 mod worker;
+mod workers;
 
 use std::path::PathBuf;
 use std::sync::Arc;
