@@ -9,10 +9,11 @@
 //! switches, which at batch 1 on a small model was as much time as the
 //! arithmetic.)
 //!
-//! Between products a worker spins for a while (`SPIN`) before it sleeps:
-//! a decode step runs a product every few tens of microseconds, and waking
-//! a sleeping thread costs about as much as a small product. Past that it
-//! sleeps on a condition variable, so an idle server uses no CPU.
+//! Between products a worker stays awake for a while (`SPIN`: spinning,
+//! then yielding its core) before it sleeps: a decode step runs a product
+//! every few tens of microseconds, and waking a sleeping thread costs about
+//! as much as a small product. Past that it sleeps on a condition
+//! variable, so an idle server uses no CPU.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -22,8 +23,11 @@ use std::time::{Duration, Instant};
 
 use crate::EngineError;
 
-/// How long an idle worker spins before it sleeps.
+/// How long an idle worker waits awake before it sleeps: it spins for
+/// `HOT`, then yields its core to any other runnable thread (the server's
+/// own, at many streams) between checks until `SPIN`.
 const SPIN: Duration = Duration::from_micros(300);
+const HOT: Duration = Duration::from_micros(30);
 
 /// The job of the current generation: the caller's closure, which lives on
 /// the caller's stack for as long as any worker may call it.
@@ -161,8 +165,16 @@ fn worker(s: &Shared) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(256) {
                 std::hint::spin_loop();
+                continue;
+            }
+            let waited = start.elapsed();
+            if waited < HOT {
+                continue;
+            }
+            if waited < SPIN {
+                std::thread::yield_now();
                 continue;
             }
             let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
