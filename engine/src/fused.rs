@@ -56,13 +56,13 @@ fn enabled() -> bool {
 
 /// Whether [`cpu`]'s ops can take `t`: enabled, a contiguous float32 CPU
 /// tensor.
-pub(crate) fn cpu_usable(t: &Tensor) -> bool {
+fn cpu_usable(t: &Tensor) -> bool {
     enabled() && t.device() == tch::Device::Cpu && t.kind() == Kind::Float && t.is_contiguous()
 }
 
 /// Whether the kernels can take `t`: loaded, enabled, a contiguous bf16
 /// CUDA tensor.
-pub(crate) fn usable(t: &Tensor) -> bool {
+fn usable(t: &Tensor) -> bool {
     READY.load(Ordering::Relaxed)
         && enabled()
         && t.device().is_cuda()
@@ -70,10 +70,85 @@ pub(crate) fn usable(t: &Tensor) -> bool {
         && t.is_contiguous()
 }
 
+/// Which implementation takes every one of `ts`: the CUDA kernels or the
+/// CPU's Rust; None: neither (the caller runs libtorch's ops).
+#[derive(Clone, Copy)]
+enum Path {
+    Cuda,
+    Cpu,
+}
+
+fn path(ts: &[Option<&Tensor>]) -> Option<Path> {
+    let all = |ok: fn(&Tensor) -> bool| ts.iter().flatten().all(|t| ok(t));
+    if all(usable) {
+        Some(Path::Cuda)
+    } else if all(cpu_usable) {
+        Some(Path::Cpu)
+    } else {
+        None
+    }
+}
+
+/// `x + delta` and RMSNorm of it with weight `w`, as transformers'
+/// LlamaRMSNorm; without `delta`, RMSNorm of `x` (the first result is then
+/// `x` itself). `x`, `delta` [rows, hidden]. None when neither the CUDA
+/// kernel nor the CPU's pass takes these tensors.
+pub(crate) fn add_rms_norm(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor)>, EngineError> {
+    match path(&[Some(x), delta, Some(w)]) {
+        Some(Path::Cuda) => cuda_add_rms_norm(x, delta, w, eps).map(Some),
+        Some(Path::Cpu) => cpu::add_rms_norm(x, delta, w, eps).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Rotates the query and key heads of `qkv` and stores keys and values in
+/// the pool layer (see [`cuda_rope_kv`]); returns the queries, or None when
+/// neither implementation takes these tensors.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_kv(
+    qkv: &Tensor,
+    cos: &Tensor,
+    signed_sin: &Tensor,
+    slots: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+) -> Result<Option<Tensor>, EngineError> {
+    let ts = [qkv, cos, signed_sin, k_cache, v_cache].map(Some);
+    match path(&ts) {
+        Some(Path::Cuda) if slots.is_contiguous() => cuda_rope_kv(
+            qkv, cos, signed_sin, slots, k_cache, v_cache, heads, kv_heads, head_dim,
+        )
+        .map(Some),
+        Some(Path::Cpu) => cpu::rope_kv(
+            qkv, cos, signed_sin, slots, k_cache, v_cache, heads, kv_heads, head_dim,
+        )
+        .map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// `silu(gate) * up` of `gu` [n, 2 inter] (gate columns first): [n,
+/// inter], or None when neither implementation takes `gu`.
+pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Option<Tensor>, EngineError> {
+    match path(&[Some(gu)]) {
+        Some(Path::Cuda) => cuda_silu_mul(gu, inter).map(Some),
+        Some(Path::Cpu) => cpu::silu_mul(gu, inter).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// `x + delta` (rounded to bf16) and RMSNorm of it with weight `w`, as
 /// transformers' LlamaRMSNorm; without `delta`, RMSNorm of `x` (the first
 /// result is then `x` itself). `x`, `delta` [rows, hidden].
-pub(crate) fn add_rms_norm(
+fn cuda_add_rms_norm(
     x: &Tensor,
     delta: Option<&Tensor>,
     w: &Tensor,
@@ -94,7 +169,7 @@ pub(crate) fn add_rms_norm(
 /// kv_heads, head_dim] at `slots` [n], and returns the queries [n, heads,
 /// head_dim].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn rope_kv(
+fn cuda_rope_kv(
     qkv: &Tensor,
     cos: &Tensor,
     signed_sin: &Tensor,
@@ -115,7 +190,7 @@ pub(crate) fn rope_kv(
 
 /// `silu(gate) * up` of `gu` [n, 2 inter] (gate columns first), rounded
 /// as transformers rounds it: [n, inter].
-pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
+fn cuda_silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
     let n = gu.size()[0];
     let out = Tensor::f_empty([n, inter], (gu.kind(), gu.device()))?;
     ffi::silu_mul(gu, &out)?;
@@ -149,7 +224,10 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
         .f_narrow(1, 0, inter)?
         .f_silu()?
         .f_mul(&gu.f_narrow(1, inter, inter)?)?;
-    out.push(("silu_mul".into(), rel(&silu_mul(&gu, inter)?, &reference)));
+    out.push((
+        "silu_mul".into(),
+        rel(&cuda_silu_mul(&gu, inter)?, &reference),
+    ));
     // Residual add + RMSNorm, against LlamaRMSNorm's ops.
     let hidden = 2048;
     let x = Tensor::f_randn([5, hidden], opts)? * 4.0;
@@ -165,10 +243,10 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
         .f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?
         .f_to_kind(Kind::BFloat16)?;
     let reference = w.f_mul(&normed)?;
-    let (got_x, got_h) = add_rms_norm(&x, Some(&d), &w, eps)?;
+    let (got_x, got_h) = cuda_add_rms_norm(&x, Some(&d), &w, eps)?;
     out.push(("residual add".into(), rel(&got_x, &sum)));
     out.push(("rms_norm (after add)".into(), rel(&got_h, &reference)));
-    let (_, alone) = add_rms_norm(&sum, None, &w, eps)?;
+    let (_, alone) = cuda_add_rms_norm(&sum, None, &w, eps)?;
     out.push(("rms_norm (alone)".into(), rel(&alone, &reference)));
     // Rotary embedding + KV write, against the rope ops and index_copy_.
     let (heads, kv_heads, hd, n) = (8, 2, 64, 6);
@@ -190,7 +268,7 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
         Tensor::f_zeros([32, kv_heads, hd], opts)?,
     );
     let (cos, ssin) = at.tables(Kind::BFloat16)?;
-    let gq = rope_kv(&qkv, &cos, &ssin, &slots, &gk, &gv, heads, kv_heads, hd)?;
+    let gq = cuda_rope_kv(&qkv, &cos, &ssin, &slots, &gk, &gv, heads, kv_heads, hd)?;
     out.push(("rope queries".into(), rel(&gq, &q)));
     out.push(("rope keys in the pool".into(), rel(&gk, &rk)));
     out.push(("values in the pool".into(), rel(&gv, &rv)));
@@ -198,11 +276,11 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
 }
 
 /// The same ops on the CPU in float32, over the tensors' memory (the
-/// callers check [`cpu_usable`]). Each computes what the libtorch ops it
+/// dispatchers above check [`cpu_usable`]). Each computes what the libtorch ops it
 /// replaces compute: the rotary outputs and the copies into the pool bit
 /// for bit; the norm's sum of squares in float64 (libtorch sums in float32,
 /// in another order); SiLU with the platform's `exp`.
-pub(crate) mod cpu {
+mod cpu {
     use tch::Tensor;
 
     use crate::EngineError;
@@ -213,7 +291,7 @@ pub(crate) mod cpu {
         (x.numel().checked_div(width).unwrap_or(0), width)
     }
 
-    /// [`super::add_rms_norm`] on the CPU.
+    /// [`super::cuda_add_rms_norm`]'s arithmetic on the CPU in float32.
     pub(crate) fn add_rms_norm(
         x: &Tensor,
         delta: Option<&Tensor>,
@@ -256,7 +334,7 @@ pub(crate) mod cpu {
         Ok((x_out, h))
     }
 
-    /// [`super::rope_kv`] on the CPU: queries returned, keys and values
+    /// [`super::cuda_rope_kv`] on the CPU: queries returned, keys and values
     /// copied into the pool layer `k_cache`, `v_cache` at `slots`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_kv(
@@ -333,7 +411,7 @@ pub(crate) mod cpu {
         Ok(t.data_ptr().cast::<f32>())
     }
 
-    /// [`super::silu_mul`] on the CPU.
+    /// [`super::cuda_silu_mul`] on the CPU.
     pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
         let (n, width) = rows_of(gu);
         let i = inter as usize;
@@ -538,7 +616,7 @@ mod ffi {
         let width = qkv.size().last().copied().unwrap_or(0);
         let rows = |t: &Tensor| t.size().first().copied().unwrap_or(0);
         if width != (heads + 2 * kv_heads) * head_dim
-            || cos.numel() != signed_numel(qkv, head_dim)
+            || cos.numel() != (rows(qkv) * head_dim) as usize
             || ssin.numel() != cos.numel()
             || rows(slots) != rows(qkv)
             || k.size().get(1..) != Some(&[kv_heads, head_dim][..])
@@ -565,10 +643,6 @@ mod ffi {
                 n,
             )
         })
-    }
-
-    fn signed_numel(qkv: &Tensor, head_dim: i64) -> usize {
-        (qkv.size()[0] * head_dim) as usize
     }
 
     pub(super) fn silu_mul(gu: &Tensor, out: &Tensor) -> Result<(), EngineError> {

@@ -99,52 +99,22 @@ pub(crate) fn paged_attention_qkv(
     rope: &RopeAt,
     p: &AttnParams,
 ) -> Result<Tensor, EngineError> {
-    if s.batch.flash.is_some()
-        && p.window.is_none()
-        && s.be.flash_attention()
-        && rope.rotates_all(p.head_dim)
-        && crate::fused::usable(qkv)
-    {
+    // On CUDA only steps that take flash attention (a decode graph's kind).
+    let flash_step = s.batch.flash.is_some() && p.window.is_none() && s.be.flash_attention();
+    if rope.rotates_all(p.head_dim) && (flash_step || !qkv.device().is_cuda()) {
         let (cos, signed_sin) = rope.tables(qkv.kind())?;
         let (kc, vc) = s.pool.layer(s.layer);
-        if crate::fused::usable(&cos)
-            && crate::fused::usable(&signed_sin)
-            && crate::fused::usable(kc)
-            && s.batch.new_slots.is_contiguous()
-        {
-            let q = crate::fused::rope_kv(
-                qkv,
-                &cos,
-                &signed_sin,
-                &s.batch.new_slots,
-                kc,
-                vc,
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-            )?;
-            return attend_stored(s, &q, p, &AttnLogits::default());
-        }
-    }
-    if rope.rotates_all(p.head_dim) && crate::fused::cpu_usable(qkv) {
-        let (cos, signed_sin) = rope.tables(qkv.kind())?;
-        let (kc, vc) = s.pool.layer(s.layer);
-        if crate::fused::cpu_usable(&cos)
-            && crate::fused::cpu_usable(&signed_sin)
-            && crate::fused::cpu_usable(kc)
-            && crate::fused::cpu_usable(vc)
-        {
-            let q = crate::fused::cpu::rope_kv(
-                qkv,
-                &cos,
-                &signed_sin,
-                &s.batch.new_slots,
-                kc,
-                vc,
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-            )?;
+        if let Some(q) = crate::fused::rope_kv(
+            qkv,
+            &cos,
+            &signed_sin,
+            &s.batch.new_slots,
+            kc,
+            vc,
+            p.heads,
+            p.kv_heads,
+            p.head_dim,
+        )? {
             return attend_stored(s, &q, p, &AttnLogits::default());
         }
     }

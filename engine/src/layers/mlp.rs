@@ -89,15 +89,10 @@ impl GatedMlp {
 
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
         let gu = self.gate_up.forward(x, be)?;
-        if matches!(self.act, Act::Silu) && crate::fused::usable(&gu) {
-            return self
-                .down
-                .forward(&crate::fused::silu_mul(&gu, self.inter)?, be);
-        }
-        if matches!(self.act, Act::Silu) && crate::fused::cpu_usable(&gu) {
-            return self
-                .down
-                .forward(&crate::fused::cpu::silu_mul(&gu, self.inter)?, be);
+        if matches!(self.act, Act::Silu)
+            && let Some(a) = crate::fused::silu_mul(&gu, self.inter)?
+        {
+            return self.down.forward(&a, be);
         }
         let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;
         let u = gu.f_narrow(1, self.inter, self.inter)?;

@@ -20,12 +20,10 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, EngineError> {
-        if crate::fused::usable(x) && crate::fused::usable(&self.w) {
-            // gyre's kernel: transformers' two roundings, one launch.
-            return Ok(crate::fused::add_rms_norm(x, None, &self.w, self.eps)?.1);
-        }
-        if crate::fused::cpu_usable(x) && crate::fused::cpu_usable(&self.w) {
-            return Ok(crate::fused::cpu::add_rms_norm(x, None, &self.w, self.eps)?.1);
+        // gyre's own pass (CUDA bf16: transformers' two roundings in one
+        // launch; CPU f32: one pass of Rust).
+        if let Some((_, h)) = crate::fused::add_rms_norm(x, None, &self.w, self.eps)? {
+            return Ok(h);
         }
         if x.device().is_cuda() && fused_on_cuda() {
             // One kernel instead of eight (at batch 1 a decode step is
@@ -49,14 +47,8 @@ impl RmsNorm {
     /// The residual `x + delta` and its norm: one kernel on CUDA in bf16,
     /// one pass of Rust on the CPU in float32, else two libtorch steps.
     pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> Result<(Tensor, Tensor), EngineError> {
-        if crate::fused::usable(x) && crate::fused::usable(delta) && crate::fused::usable(&self.w) {
-            return crate::fused::add_rms_norm(x, Some(delta), &self.w, self.eps);
-        }
-        if crate::fused::cpu_usable(x)
-            && crate::fused::cpu_usable(delta)
-            && crate::fused::cpu_usable(&self.w)
-        {
-            return crate::fused::cpu::add_rms_norm(x, Some(delta), &self.w, self.eps);
+        if let Some(both) = crate::fused::add_rms_norm(x, Some(delta), &self.w, self.eps)? {
+            return Ok(both);
         }
         let x = x.f_add(delta)?;
         let h = self.forward(&x)?;
