@@ -1,8 +1,11 @@
 // Fused CUDA kernels for the decode path: residual add + RMSNorm, rotary
-// embedding of the query and key heads + the paged KV write, and SiLU(gate)
-// times up. At batch 1 a decode step is weight-bandwidth bound, and each
-// small libtorch kernel costs a few microseconds of fixed time; these three
-// replace about a dozen of them per layer.
+// embedding of the query and key heads + the paged KV write, SiLU(gate)
+// times up, a matrix-vector product for one-row projections, and decode
+// attention over the paged pool in place, split over the keys. At batch 1 a
+// decode step is weight-bandwidth bound, and each small libtorch kernel
+// costs a few microseconds of fixed time; the first three replace about a
+// dozen of them per layer, the attention kernel the key and value gathers
+// and the flash attention call.
 //
 // The kernels are compiled at run time with NVRTC (the CUDA wheels torch
 // depends on carry it) and launched through the driver API, both opened
@@ -127,6 +130,287 @@ extern "C" __global__ void gyre_silu_mul(const bf16* gu, bf16* out, long n, int 
   float u = ld(gu[r * 2 * inter + inter + j]);
   out[i] = st(rd(g / (1.0f + expf(-g))) * u);
 }
+// ---- Matrix-vector products for decode steps: y[m, n] = x[m, k] w[n, k]^T
+// (+ bias[n]), bf16 in and out, float32 sums, for a few rows of x. A step
+// at batch 1 streams every weight once; one warp per output feature reads
+// its weight row with 16-byte loads that skip L1, several in flight per
+// lane, and keeps the rows of x (a few KB, shared by every warp) in L1.
+// k % 8 == 0 and every row 16-byte aligned (the launcher checks).
+struct alignas(16) U4 { unsigned x, y, z, w; };
+struct alignas(8) U2 { unsigned x, y; };
+
+__device__ __forceinline__ U4 ld_stream(const U4* p) {
+  U4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+__device__ __forceinline__ float lo16(unsigned u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi16(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+
+__device__ __forceinline__ float dot8(U4 a, U4 b, float s) {
+  s = fmaf(lo16(a.x), lo16(b.x), s);
+  s = fmaf(hi16(a.x), hi16(b.x), s);
+  s = fmaf(lo16(a.y), lo16(b.y), s);
+  s = fmaf(hi16(a.y), hi16(b.y), s);
+  s = fmaf(lo16(a.z), lo16(b.z), s);
+  s = fmaf(hi16(a.z), hi16(b.z), s);
+  s = fmaf(lo16(a.w), lo16(b.w), s);
+  s = fmaf(hi16(a.w), hi16(b.w), s);
+  return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int M>
+__device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                     const bf16* __restrict__ bias, bf16* __restrict__ y, int m,
+                                     int n, int k) {
+  constexpr int U = 4;  // loads in flight per lane
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;  // the whole warp
+  const U4* wr = reinterpret_cast<const U4*>(w + (long)row * k);
+  const U4* xr = reinterpret_cast<const U4*>(x);
+  const int k8 = k >> 3;
+  float acc[M];
+#pragma unroll
+  for (int b = 0; b < M; b++) acc[b] = 0.0f;
+  for (int i = lane; i < k8; i += 32 * U) {
+    U4 wv[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int j = i + u * 32;
+      wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int j = i + u * 32;
+      if (j < k8) {
+#pragma unroll
+        for (int b = 0; b < M; b++)
+          if (b < m) acc[b] = dot8(wv[u], xr[(long)b * k8 + j], acc[b]);
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < M; b++) acc[b] = warp_sum(acc[b]);
+  if (lane == 0) {
+    float bb = bias ? ld(bias[row]) : 0.0f;
+#pragma unroll
+    for (int b = 0; b < M; b++)
+      if (b < m) y[(long)b * n + row] = st(acc[b] + bb);
+  }
+}
+
+extern "C" __global__ void gyre_gemv1(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                      int m, int n, int k) {
+  gemv<1>(x, w, bias, y, m, n, k);
+}
+extern "C" __global__ void gyre_gemv2(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                      int m, int n, int k) {
+  gemv<2>(x, w, bias, y, m, n, k);
+}
+extern "C" __global__ void gyre_gemv4(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                      int m, int n, int k) {
+  gemv<4>(x, w, bias, y, m, n, k);
+}
+extern "C" __global__ void gyre_gemv8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                      int m, int n, int k) {
+  gemv<8>(x, w, bias, y, m, n, k);
+}
+
+// ---- Decode attention over the paged pool, split over the keys (flash-
+// decoding). Every sequence has one query; its keys are the pool rows
+// gather[cu_k[b] .. cu_k[b] + len), len = used[b] (decode graphs: keys
+// packed at a fixed stride, of which each sequence uses its first used[b])
+// or cu_k[b + 1] - cu_k[b]. Grid (splits, kv_heads, sequences), 4 warps a
+// block: block s scores keys [s * chunk, (s + 1) * chunk) of one kv head
+// for every query head of its group, each warp taking rounds of 8 keys
+// (their slots and rows loaded before any arithmetic, so the loads are in
+// flight together), with an online softmax in float32; the warps' partial
+// results merge in shared memory. With one split the block writes the
+// output; otherwise it writes its (max, sum, unnormalised output) and
+// gyre_attn_combine merges the splits. The pool is read in place: no
+// gather copy.
+template <int W>
+__device__ __forceinline__ void load_words(const bf16* p, unsigned* out) {
+  if constexpr (W == 1) {
+    out[0] = *reinterpret_cast<const unsigned*>(p);
+  } else if constexpr (W == 2) {
+    U2 v = *reinterpret_cast<const U2*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+  } else {
+    U4 v = *reinterpret_cast<const U4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+}
+
+#define NEG_INF __int_as_float(0xff800000)
+constexpr int ATTN_WARPS = 4;
+constexpr int ATTN_MAXG = 8;
+constexpr int ATTN_KB = 8;
+
+__device__ __forceinline__ int seq_len(const int* cu_k, const int* used, int b) {
+  return used ? used[b] : cu_k[b + 1] - cu_k[b];
+}
+
+template <int D>
+__device__ __forceinline__ void attn_split(const bf16* __restrict__ q, const bf16* __restrict__ kc,
+                                           const bf16* __restrict__ vc,
+                                           const long long* __restrict__ gather,
+                                           const int* __restrict__ cu_k,
+                                           const int* __restrict__ used, bf16* __restrict__ out,
+                                           float* __restrict__ part, float* __restrict__ ml,
+                                           int heads, int kv_heads, int chunk, float scale) {
+  constexpr int E = D / 32;  // elements of a head a lane holds
+  constexpr int WD = E / 2;  // as 32-bit words
+  __shared__ float sm_m[ATTN_WARPS][ATTN_MAXG], sm_l[ATTN_WARPS][ATTN_MAXG];
+  __shared__ float sm_acc[ATTN_WARPS][ATTN_MAXG][D];
+  const int splits = gridDim.x, s = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  const int group = heads / kv_heads;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int start = cu_k[b];
+  const int len = seq_len(cu_k, used, b);
+  const int lo = s * chunk, hi = min(lo + chunk, len);
+  float qf[ATTN_MAXG][E], m[ATTN_MAXG], l[ATTN_MAXG], acc[ATTN_MAXG][E];
+#pragma unroll
+  for (int h = 0; h < ATTN_MAXG; h++) {
+    m[h] = NEG_INF;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+      acc[h][e] = 0.0f;
+      qf[h][e] = h < group ? ld(q[((long)b * heads + g * group + h) * D + lane * E + e]) : 0.0f;
+    }
+  }
+  for (int j0 = lo + warp * ATTN_KB; j0 < hi; j0 += ATTN_WARPS * ATTN_KB) {
+    long long slot = 0;
+    if (lane < ATTN_KB && j0 + lane < hi) slot = gather[start + j0 + lane];
+    unsigned kw[ATTN_KB][WD], vw[ATTN_KB][WD];
+#pragma unroll
+    for (int kk = 0; kk < ATTN_KB; kk++) {
+      long long sl = __shfl_sync(0xffffffffu, slot, kk);
+      if (j0 + kk < hi) {
+        long off = ((long)sl * kv_heads + g) * D + lane * E;
+        load_words<WD>(kc + off, kw[kk]);
+        load_words<WD>(vc + off, vw[kk]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < ATTN_KB; kk++) {
+      if (j0 + kk >= hi) break;  // the same for the whole warp
+      float kf[E], vf[E];
+#pragma unroll
+      for (int e = 0; e < WD; e++) {
+        kf[2 * e] = lo16(kw[kk][e]);
+        kf[2 * e + 1] = hi16(kw[kk][e]);
+        vf[2 * e] = lo16(vw[kk][e]);
+        vf[2 * e + 1] = hi16(vw[kk][e]);
+      }
+#pragma unroll
+      for (int h = 0; h < ATTN_MAXG; h++) {
+        if (h >= group) break;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) d = fmaf(qf[h][e], kf[e], d);
+        float sc = warp_sum(d) * scale;
+        float mn = fmaxf(m[h], sc);
+        float c = __expf(m[h] - mn), p = __expf(sc - mn);
+        l[h] = l[h] * c + p;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[h][e] = fmaf(acc[h][e], c, p * vf[e]);
+        m[h] = mn;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < ATTN_MAXG; h++) {
+    if (h >= group) break;
+    if (lane == 0) {
+      sm_m[warp][h] = m[h];
+      sm_l[warp][h] = l[h];
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) sm_acc[warp][h][lane * E + e] = acc[h][e];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < group * D; t += blockDim.x) {
+    int h = t / D, d = t - h * D;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, sm_m[w][h]);
+    float sum = 0.0f, a = 0.0f;
+    if (mx != NEG_INF) {
+#pragma unroll
+      for (int w = 0; w < ATTN_WARPS; w++) {
+        float c = __expf(sm_m[w][h] - mx);
+        sum += sm_l[w][h] * c;
+        a += sm_acc[w][h][d] * c;
+      }
+    }
+    long row = (long)b * heads + g * group + h;
+    if (splits == 1) {
+      out[row * D + d] = st(sum > 0.0f ? a / sum : 0.0f);
+    } else {
+      long at = row * splits + s;
+      part[at * D + d] = a;
+      if (d == 0) {
+        ml[at * 2] = mx;
+        ml[at * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// Grid (heads, sequences), D threads: merges the splits of one head.
+template <int D>
+__device__ __forceinline__ void attn_combine(const float* __restrict__ part,
+                                             const float* __restrict__ ml,
+                                             const int* __restrict__ cu_k,
+                                             const int* __restrict__ used, bf16* __restrict__ out,
+                                             int heads, int splits, int chunk) {
+  const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+  const int len = seq_len(cu_k, used, b);
+  const int ns = min(splits, (len + chunk - 1) / chunk);
+  const long row = (long)b * heads + h;
+  float mx = NEG_INF;
+  for (int s = 0; s < ns; s++) mx = fmaxf(mx, ml[(row * splits + s) * 2]);
+  float sum = 0.0f, a = 0.0f;
+  if (mx != NEG_INF) {
+    for (int s = 0; s < ns; s++) {
+      long at = row * splits + s;
+      float c = __expf(ml[at * 2] - mx);
+      sum += ml[at * 2 + 1] * c;
+      a += part[at * D + d] * c;
+    }
+  }
+  out[row * D + d] = st(sum > 0.0f ? a / sum : 0.0f);
+}
+
+#define GYRE_ATTN(D)                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32) gyre_attn_split##D(          \
+      const bf16* q, const bf16* kc, const bf16* vc, const long long* gather, const int* cu_k, \
+      const int* used, bf16* out, float* part, float* ml, int heads, int kv_heads, int chunk,  \
+      float scale) {                                                                          \
+    attn_split<D>(q, kc, vc, gather, cu_k, used, out, part, ml, heads, kv_heads, chunk,       \
+                  scale);                                                                     \
+  }                                                                                           \
+  extern "C" __global__ void gyre_attn_combine##D(const float* part, const float* ml,         \
+                                                  const int* cu_k, const int* used, bf16* out, \
+                                                  int heads, int splits, int chunk) {         \
+    attn_combine<D>(part, ml, cu_k, used, out, heads, splits, chunk);                         \
+  }
+GYRE_ATTN(64)
+GYRE_ATTN(128)
 )CUDA";
 
 // The few NVRTC and driver entry points used, declared here so no header
@@ -245,6 +529,10 @@ struct Kernels {
   std::string why;
   FnLaunch launch = nullptr;
   CUfunction add_rms_norm = nullptr, rope_kv = nullptr, silu_mul = nullptr;
+  CUfunction gemv[4] = {nullptr, nullptr, nullptr, nullptr};  // rows <= 1, 2, 4, 8
+  CUfunction attn_split64 = nullptr, attn_combine64 = nullptr;
+  CUfunction attn_split128 = nullptr, attn_combine128 = nullptr;
+  int sms = 0;
 };
 
 Kernels& kernels() {
@@ -290,10 +578,18 @@ bool init_locked(Kernels& k, std::string& why) {
     return false;
   }
   if (get(&k.add_rms_norm, m, "gyre_add_rms_norm") || get(&k.rope_kv, m, "gyre_rope_kv") ||
-      get(&k.silu_mul, m, "gyre_silu_mul")) {
+      get(&k.silu_mul, m, "gyre_silu_mul") || get(&k.gemv[0], m, "gyre_gemv1") ||
+      get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
+      get(&k.gemv[3], m, "gyre_gemv8") || get(&k.attn_split64, m, "gyre_attn_split64") ||
+      get(&k.attn_combine64, m, "gyre_attn_combine64") ||
+      get(&k.attn_split128, m, "gyre_attn_split128") ||
+      get(&k.attn_combine128, m, "gyre_attn_combine128")) {
     why = "cuModuleGetFunction failed";
     return false;
   }
+  if (cudaDeviceGetAttribute(&k.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      k.sms <= 0)
+    k.sms = 100;
   return true;
 }
 
@@ -302,9 +598,10 @@ std::mutex& init_mutex() {
   return m;
 }
 
-bool launch(CUfunction f, unsigned grid, unsigned block, void** args, std::string& why) {
+bool launch(CUfunction f, dim3 grid, unsigned block, void** args, std::string& why) {
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  if (int rc = kernels().launch(f, grid, 1, 1, block, 1, 1, 0, stream, args, nullptr)) {
+  if (int rc = kernels().launch(f, grid.x, grid.y, grid.z, block, 1, 1, 0, stream, args,
+                                nullptr)) {
     why = "cuLaunchKernel failed: " + std::to_string(rc);
     return false;
   }
@@ -442,6 +739,125 @@ int gyre_fused_silu_mul(const at::Tensor* gu, const at::Tensor* out, char* err, 
   if (!launch(kernels().silu_mul, grid, 256, args, why)) {
     put(err, err_len, why);
     return 1;
+  }
+  return 0;
+}
+
+// The device's multiprocessor count (0 before init): the split planner's
+// target of blocks.
+int gyre_fused_sms() { return kernels().ready ? kernels().sms : 0; }
+
+static bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// y [m, n] = x [m, k] . w [n, k]^T (+ bias [n]), m <= 8, k % 8 == 0, bf16
+// contiguous CUDA, x and w 16-byte aligned.
+int gyre_fused_gemv(const at::Tensor* x, const at::Tensor* w, const at::Tensor* bias,
+                    const at::Tensor* y, char* err, size_t err_len) {
+  std::string why;
+  if (!kernels().ready) {
+    put(err, err_len, "fused kernels not loaded");
+    return 1;
+  }
+  if (!is_bf16_cuda(*x) || !is_bf16_cuda(*w) || !is_bf16_cuda(*y) ||
+      (bias && !is_bf16_cuda(*bias)) || x->dim() != 2 || w->dim() != 2 || y->dim() != 2) {
+    put(err, err_len, "gemv wants contiguous 2-d bf16 CUDA tensors");
+    return 1;
+  }
+  int64_t m = x->size(0), k = x->size(1), n = w->size(0);
+  if (w->size(1) != k || y->size(0) != m || y->size(1) != n || m > 8 || k % 8 != 0 ||
+      (bias && bias->numel() != n) || !aligned16(*x) || !aligned16(*w) || n > (1 << 30) ||
+      k > (1 << 30)) {
+    put(err, err_len, "gemv: shapes or alignment do not fit");
+    return 1;
+  }
+  if (m == 0 || n == 0) return 0;
+  const void* xp = x->data_ptr();
+  const void* wp = w->data_ptr();
+  const void* bp = bias ? bias->data_ptr() : nullptr;
+  void* yp = y->data_ptr();
+  int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  void* args[] = {&xp, &wp, &bp, &yp, &mi, &ni, &ki};
+  int which = m <= 1 ? 0 : (m <= 2 ? 1 : (m <= 4 ? 2 : 3));
+  constexpr unsigned warps = 8;
+  unsigned grid = static_cast<unsigned>((n + warps - 1) / warps);
+  if (!launch(kernels().gemv[which], grid, warps * 32, args, why)) {
+    put(err, err_len, why);
+    return 1;
+  }
+  return 0;
+}
+
+// Decode attention of q [seqs, heads, head_dim] over the pool's kc, vc
+// [slots, kv_heads, head_dim] (bf16) at gather (int64) per cu_k (int32
+// [seqs + 1]) and used (int32 [seqs], may be null): out [seqs, heads,
+// head_dim]. part (float32, seqs * heads * splits * head_dim) and ml
+// (float32, seqs * heads * splits * 2) hold the splits' partial results
+// when splits > 1. head_dim 64 or 128, heads / kv_heads <= 8.
+int gyre_fused_decode_attention(const at::Tensor* q, const at::Tensor* kc, const at::Tensor* vc,
+                                const at::Tensor* gather, const at::Tensor* cu_k,
+                                const at::Tensor* used, const at::Tensor* out,
+                                const at::Tensor* part, const at::Tensor* ml, int64_t chunk,
+                                int64_t splits, double scale, char* err, size_t err_len) {
+  std::string why;
+  auto& k = kernels();
+  if (!k.ready) {
+    put(err, err_len, "fused kernels not loaded");
+    return 1;
+  }
+  auto i32 = [](const at::Tensor* t) {
+    return t->is_cuda() && t->scalar_type() == at::kInt && t->is_contiguous();
+  };
+  auto f32 = [](const at::Tensor* t) {
+    return t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous();
+  };
+  if (!is_bf16_cuda(*q) || !is_bf16_cuda(*kc) || !is_bf16_cuda(*vc) || !is_bf16_cuda(*out) ||
+      !gather->is_cuda() || gather->scalar_type() != at::kLong || !gather->is_contiguous() ||
+      !i32(cu_k) || (used && !i32(used)) || !f32(part) || !f32(ml) || q->dim() != 3 ||
+      kc->dim() != 3) {
+    put(err, err_len, "decode attention wants bf16 q, pool and out, int64 gather, int32 lengths");
+    return 1;
+  }
+  int64_t seqs = q->size(0), heads = q->size(1), d = q->size(2), kv_heads = kc->size(1);
+  if (kc->size(2) != d || vc->sizes() != kc->sizes() || out->sizes() != q->sizes() ||
+      (d != 64 && d != 128) || kv_heads <= 0 || heads % kv_heads != 0 ||
+      heads / kv_heads > 8 || cu_k->numel() != seqs + 1 || (used && used->numel() != seqs) ||
+      chunk <= 0 || splits <= 0 || splits > 65535 || seqs > 65535 ||
+      (splits > 1 && (part->numel() < seqs * heads * splits * d ||
+                      ml->numel() < seqs * heads * splits * 2))) {
+    put(err, err_len, "decode attention: shapes do not fit");
+    return 1;
+  }
+  if (seqs == 0) return 0;
+  const void* qp = q->data_ptr();
+  const void* kp = kc->data_ptr();
+  const void* vp = vc->data_ptr();
+  const void* gp = gather->data_ptr();
+  const void* cp = cu_k->data_ptr();
+  const void* up = used ? used->data_ptr() : nullptr;
+  void* op = out->data_ptr();
+  void* pp = part->data_ptr();
+  void* mp = ml->data_ptr();
+  int h = static_cast<int>(heads), kvh = static_cast<int>(kv_heads),
+      ch = static_cast<int>(chunk), sp = static_cast<int>(splits);
+  float sc = static_cast<float>(scale);
+  void* args[] = {&qp, &kp, &vp, &gp, &cp, &up, &op, &pp, &mp, &h, &kvh, &ch, &sc};
+  auto split = d == 64 ? k.attn_split64 : k.attn_split128;
+  auto combine = d == 64 ? k.attn_combine64 : k.attn_combine128;
+  dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(kv_heads),
+            static_cast<unsigned>(seqs));
+  if (!launch(split, grid, 128, args, why)) {
+    put(err, err_len, why);
+    return 1;
+  }
+  if (splits > 1) {
+    void* cargs[] = {&pp, &mp, &cp, &up, &op, &h, &sp, &ch};
+    if (!launch(combine, dim3(static_cast<unsigned>(heads), static_cast<unsigned>(seqs)),
+                static_cast<unsigned>(d), cargs, why)) {
+      put(err, err_len, why);
+      return 1;
+    }
   }
   return 0;
 }

@@ -89,6 +89,26 @@ impl Varlen {
         })
     }
 
+    /// Cumulative key counts (int32 [sequences + 1], on the device).
+    pub(crate) fn cu_k(&self) -> &Tensor {
+        &self.cu_k
+    }
+
+    /// Keys each sequence uses of its span, when packed at a fixed stride.
+    pub(crate) fn seqused_k(&self) -> Option<&Tensor> {
+        self.seqused_k.as_ref()
+    }
+
+    /// The most queries of any sequence (1: every sequence decodes).
+    pub(crate) fn max_q(&self) -> i64 {
+        self.max_q
+    }
+
+    /// The most keys of any sequence (a fixed-stride packing's stride).
+    pub(crate) fn max_k(&self) -> i64 {
+        self.max_k
+    }
+
     /// Causal attention of packed `q` [total_q, heads, head_dim] over packed
     /// `k`, `v` [total_k, kv_heads, head_dim]; each sequence's queries are
     /// its last tokens. Returns [total_q, heads, head_dim].

@@ -1,23 +1,30 @@
 //! Fused CUDA kernels for bf16 decode steps (`csrc/fused.cpp`, compiled at
 //! run time with NVRTC): residual add + RMSNorm, rotary embedding of the
-//! query and key heads + the paged KV write, and SiLU(gate) x up.
+//! query and key heads + the paged KV write, SiLU(gate) x up, a
+//! matrix-vector product for one-row projections ([`gemv`]), and decode
+//! attention that reads the paged pool in place, split over the keys
+//! ([`decode_attention`]).
 //!
 //! A decode step at batch 1 reads every weight once; besides the weights'
 //! matrix-vector products, each layer ran about twenty small libtorch
 //! kernels of 1-3 us each (inside a CUDA graph too). These replace about a
-//! dozen of them per layer (Llama-3-8B shape on an H100: 141.0 -> 146.9
-//! tok/s; the README's GPU section). Each rounds to bf16 exactly where transformers'
+//! dozen of them per layer, and the two gathers and flash attention call
+//! with one split-key kernel and its merge; the matrix-vector kernel streams
+//! the weights faster than cuBLAS does at one row (Llama-3-8B shape on an
+//! H100: 138.4 tok/s with none of them, 155.3 with all; the README's GPU
+//! section). Each rounds to bf16 exactly where transformers'
 //! eager code rounds (the norm's float32 sum of squares is added in
 //! another order, which can move a rounding by one bf16 step).
 //!
 //! They are used on CUDA with bf16 tensors once [`prepare`] has compiled
 //! and loaded them (the backend does, at model load); a failed compile
 //! turns them off (with a warning). On the CPU in float32, [`cpu`] does the
-//! same three things in plain Rust over the tensors' memory: a batch-1
+//! first three things in plain Rust over the tensors' memory: a batch-1
 //! decode of a small model is mostly such tiny ops, and each libtorch call
 //! costs several microseconds of dispatch and allocation whatever its size.
-//! `GYRE_FUSED_KERNELS=0` turns both off (for comparisons); the callers
-//! then run their libtorch ops.
+//! `GYRE_FUSED_KERNELS=0` turns all of them off (for comparisons); the
+//! callers then run their libtorch ops (cuBLAS, the gather and flash
+//! attention). `GYRE_GEMV=0` and `GYRE_DECODE_ATTN=0` turn off one kernel.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -143,6 +150,121 @@ pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Option<Tensor>, Engine
         Some(Path::Cpu) => cpu::silu_mul(gu, inter).map(Some),
         None => Ok(None),
     }
+}
+
+/// Reads a switch from the environment once: false only when set to "0".
+fn env_on(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool {
+    *cell.get_or_init(|| std::env::var(name).map_or(true, |v| v != "0"))
+}
+
+/// Most rows of `x` the matrix-vector kernel takes (`GYRE_GEMV_MAX_ROWS`,
+/// 0 to 8; default 1); larger batches go to cuBLAS. On an H100 with the
+/// Llama-3-8B shape the kernel beat cuBLAS at one row (6.28 vs 6.55 ms a
+/// decode step) and lost at two (7.04 vs 6.57), four (8.86 vs 6.63) and
+/// eight (14.4 vs 6.86): each lane re-reads every row of x from L1 per
+/// weight load.
+fn gemv_max_rows() -> i64 {
+    static MAX: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("GYRE_GEMV_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .map_or(1, |v| v.clamp(0, 8))
+    })
+}
+
+/// `x` [m, k] times `w` [n, k] transposed (+ `bias` [n]) with gyre's
+/// matrix-vector kernel, for decode steps of a few rows on CUDA in bf16:
+/// [m, n], or None when the kernel does not take these tensors (the caller
+/// runs cuBLAS). `GYRE_GEMV=0` turns it off.
+pub(crate) fn gemv(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Option<Tensor>, EngineError> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let (xs, ws) = (x.size(), w.size());
+    if xs.len() != 2
+        || ws.len() != 2
+        || xs[0] > gemv_max_rows()
+        || xs[0] == 0
+        || xs[1] != ws[1]
+        || xs[1] % 8 != 0
+        || !env_on("GYRE_GEMV", &ON)
+        || !usable(x)
+        || !usable(w)
+        || bias.is_some_and(|b| !usable(b))
+        || !(x.data_ptr() as usize).is_multiple_of(16)
+        || !(w.data_ptr() as usize).is_multiple_of(16)
+    {
+        return Ok(None);
+    }
+    let y = Tensor::f_empty([xs[0], ws[0]], (x.kind(), x.device()))?;
+    ffi::gemv(x, w, bias, &y)?;
+    Ok(Some(y))
+}
+
+/// How a decode attention call splits each sequence's keys: (keys per
+/// split, splits), aiming at two blocks per multiprocessor. A block scores
+/// 32 keys a round (4 warps of 8).
+fn attn_plan(seqs: i64, kv_heads: i64, max_k: i64, sms: i64) -> (i64, i64) {
+    const ROUND: i64 = 32;
+    let max_k = max_k.max(1);
+    let per = ROUND * 2 * sms.max(1);
+    let rounds = ((seqs * kv_heads * max_k + per - 1) / per).max(1);
+    let chunk = rounds * ROUND;
+    (chunk, (max_k + chunk - 1) / chunk)
+}
+
+/// Decode attention over the paged pool in place (no gather copy), split
+/// over the keys: `q` [seqs, heads, head_dim], one query per sequence, its
+/// keys the pool rows `gather[cu_k[i]..]`, `used[i]` of them (or up to
+/// `cu_k[i + 1]`). [seqs, heads, head_dim], or None when the kernel does not
+/// take these (head_dim other than 64 and 128, a group over 8 heads, not
+/// bf16 CUDA). `GYRE_DECODE_ATTN=0` turns it off.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    gather: &Tensor,
+    cu_k: &Tensor,
+    used: Option<&Tensor>,
+    max_k: i64,
+) -> Result<Option<Tensor>, EngineError> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let (qs, ks) = (q.size(), k_cache.size());
+    if qs.len() != 3
+        || ks.len() != 3
+        || !matches!(qs[2], 64 | 128)
+        || ks[2] != qs[2]
+        || ks[1] <= 0
+        || qs[1] % ks[1] != 0
+        || qs[1] / ks[1] > 8
+        || !env_on("GYRE_DECODE_ATTN", &ON)
+        || !usable(q)
+        || !usable(k_cache)
+        || !usable(v_cache)
+    {
+        return Ok(None);
+    }
+    let (seqs, heads, d) = (qs[0], qs[1], qs[2]);
+    let (chunk, splits) = attn_plan(seqs, ks[1], max_k, ffi::sms());
+    let f32 = (Kind::Float, q.device());
+    let (part, ml) = if splits > 1 {
+        (
+            Tensor::f_empty([seqs * heads * splits * d], f32)?,
+            Tensor::f_empty([seqs * heads * splits * 2], f32)?,
+        )
+    } else {
+        (Tensor::f_empty([1], f32)?, Tensor::f_empty([1], f32)?)
+    };
+    let out = q.f_empty_like()?;
+    let scale = 1.0 / (d as f64).sqrt();
+    ffi::decode_attention(
+        q, k_cache, v_cache, gather, cu_k, used, &out, &part, &ml, chunk, splits, scale,
+    )?;
+    Ok(Some(out))
 }
 
 /// `x + delta` (rounded to bf16) and RMSNorm of it with weight `w`, as
@@ -272,6 +394,129 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
     out.push(("rope queries".into(), rel(&gq, &q)));
     out.push(("rope keys in the pool".into(), rel(&gk, &rk)));
     out.push(("values in the pool".into(), rel(&gv, &rv)));
+    // The matrix-vector kernel against cuBLAS (F.linear): float32 sums in
+    // another order, so a result may round one bf16 step apart.
+    for (m, n, k, with_bias) in [
+        (1, 1000, 4096, false),
+        (3, 777, 2048, true),
+        (8, 512, 14336, false),
+    ] {
+        let x = Tensor::f_randn([m, k], opts)?;
+        let w = Tensor::f_randn([n, k], opts)? * 0.05;
+        let b = Tensor::f_randn([n], opts)?;
+        let bias = with_bias.then_some(&b);
+        let reference = x.f_linear(&w, bias)?;
+        let got = Tensor::f_empty([m, n], opts)?;
+        ffi::gemv(&x, &w, bias, &got)?;
+        out.push((format!("gemv {m}x{k} . {n}x{k}"), rel(&got, &reference)));
+    }
+    // Decode attention over the pool in place against flash attention over
+    // the gathered keys: float32 sums in another order.
+    for (heads, kv_heads, hd) in [(32i64, 8i64, 128i64), (9, 3, 64)] {
+        let slots = 4096;
+        let kc = Tensor::f_randn([slots, kv_heads, hd], opts)?;
+        let vc = Tensor::f_randn([slots, kv_heads, hd], opts)?;
+        let lens = [1i64, 77, 700, 2500];
+        let q = Tensor::f_randn([lens.len() as i64, heads, hd], opts)? * 2.0;
+        let perm = Tensor::f_randperm(slots, (Kind::Int64, dev))?;
+        let mut gathers = Vec::new();
+        let mut at = 0;
+        for &l in &lens {
+            gathers.push(perm.f_narrow(0, at, l)?);
+            at = (at + 131) % (slots - 2600);
+        }
+        let gather = Tensor::f_cat(&gathers, 0)?;
+        let spans: Vec<(i64, i64)> = lens.iter().map(|&l| (1, l)).collect();
+        let varlen = crate::flash::Varlen::new(&spans, dev)?;
+        let reference = varlen.attend(
+            &q,
+            &kc.f_index_select(0, &gather)?,
+            &vc.f_index_select(0, &gather)?,
+        )?;
+        let max_k = *lens.iter().max().unwrap_or(&1);
+        let got = decode_attention(&q, &kc, &vc, &gather, varlen.cu_k(), None, max_k)?
+            .ok_or_else(|| EngineError::Step("decode attention declined".into()))?;
+        out.push((
+            format!("decode attention {heads}/{kv_heads} heads x {hd}"),
+            rel(&got, &reference),
+        ));
+        // Fixed stride, as a decode graph packs keys: each sequence uses
+        // the first `used` of its `stride` rows.
+        let stride = 4096i64;
+        let mut packed = Vec::new();
+        for g in &gathers {
+            let pad = Tensor::f_zeros([stride - g.size()[0]], (Kind::Int64, dev))?;
+            packed.push(Tensor::f_cat(&[g.shallow_clone(), pad], 0)?);
+        }
+        let packed = Tensor::f_cat(&packed, 0)?;
+        let used: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let used = Tensor::from_slice(&used).f_to_device(dev)?;
+        let fixed = crate::flash::Varlen::fixed_stride(lens.len() as i64, stride, used)?;
+        let got = decode_attention(
+            &q,
+            &kc,
+            &vc,
+            &packed,
+            fixed.cu_k(),
+            fixed.seqused_k(),
+            stride,
+        )?
+        .ok_or_else(|| EngineError::Step("decode attention declined".into()))?;
+        out.push((
+            format!("decode attention {heads}/{kv_heads} heads x {hd}, fixed stride"),
+            rel(&got, &reference),
+        ));
+    }
+    Ok(out)
+}
+
+/// Device time of the matrix-vector kernel against cuBLAS (`F.linear`)
+/// on the Llama-3-8B shape's projections at batch 1: `(name, weight MB,
+/// cuBLAS us, gyre us)`, each the mean of back-to-back calls cycling
+/// through copies of the weight larger than the L2 cache together. For
+/// `cuda_check` on a GPU machine (eager calls: the smallest products are
+/// partly bound by the host's launches).
+pub fn time_gemv() -> Result<Vec<(String, f64, f64, f64)>, EngineError> {
+    use tch::Device;
+    let dev = Device::Cuda(0);
+    let opts = (Kind::BFloat16, dev);
+    prepare();
+    let mut out = Vec::new();
+    for (name, n, k) in [
+        ("q/k/v", 6144i64, 4096i64),
+        ("o", 4096, 4096),
+        ("gate/up", 28672, 4096),
+        ("down", 4096, 14336),
+        ("vocabulary", 128256, 4096),
+    ] {
+        let mb = (n * k * 2) as f64 / 1e6;
+        let copies = ((200.0 / mb).ceil() as usize).max(2);
+        let ws: Vec<Tensor> = (0..copies)
+            .map(|_| Tensor::f_randn([n, k], opts))
+            .collect::<Result<_, _>>()?;
+        let x = Tensor::f_randn([1, k], opts)?;
+        let iters = 60;
+        let time = |f: &dyn Fn(&Tensor) -> Result<Tensor, EngineError>| {
+            let run = || -> Result<f64, EngineError> {
+                tch::Cuda::synchronize(0);
+                let t = std::time::Instant::now();
+                for i in 0..iters {
+                    drop(f(&ws[i % copies])?);
+                }
+                tch::Cuda::synchronize(0);
+                Ok(t.elapsed().as_secs_f64() * 1e6 / iters as f64)
+            };
+            run()?;
+            run()
+        };
+        let cublas = time(&|w| Ok(x.f_linear::<Tensor>(w, None)?))?;
+        let gyre = time(&|w| {
+            let y = Tensor::f_empty([1, n], opts)?;
+            ffi::gemv(&x, w, None, &y)?;
+            Ok(y)
+        })?;
+        out.push((name.to_string(), mb, cublas, gyre));
+    }
     Ok(out)
 }
 
@@ -547,6 +792,31 @@ mod ffi {
             err: *mut c_char,
             len: usize,
         ) -> c_int;
+        fn gyre_fused_sms() -> c_int;
+        fn gyre_fused_gemv(
+            x: *const C_tensor,
+            w: *const C_tensor,
+            bias: *const C_tensor,
+            y: *const C_tensor,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
+        fn gyre_fused_decode_attention(
+            q: *const C_tensor,
+            kc: *const C_tensor,
+            vc: *const C_tensor,
+            gather: *const C_tensor,
+            cu_k: *const C_tensor,
+            used: *const C_tensor,
+            out: *const C_tensor,
+            part: *const C_tensor,
+            ml: *const C_tensor,
+            chunk: i64,
+            splits: i64,
+            scale: f64,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
     }
 
     fn call(what: &str, f: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), EngineError> {
@@ -658,6 +928,62 @@ mod ffi {
             gyre_fused_silu_mul(ptr(gu), ptr(out), e, n)
         })
     }
+
+    /// The device's multiprocessor count (0 before the kernels load).
+    pub(super) fn sms() -> i64 {
+        // SAFETY: reads a plain integer.
+        i64::from(unsafe { gyre_fused_sms() })
+    }
+
+    pub(super) fn gemv(
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+    ) -> Result<(), EngineError> {
+        let null = std::ptr::null::<C_tensor>();
+        // SAFETY: as above; the C side checks shapes and alignment.
+        call("gemv", |e, n| unsafe {
+            gyre_fused_gemv(ptr(x), ptr(w), bias.map_or(null, ptr), ptr(y), e, n)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decode_attention(
+        q: &Tensor,
+        kc: &Tensor,
+        vc: &Tensor,
+        gather: &Tensor,
+        cu_k: &Tensor,
+        used: Option<&Tensor>,
+        out: &Tensor,
+        part: &Tensor,
+        ml: &Tensor,
+        chunk: i64,
+        splits: i64,
+        scale: f64,
+    ) -> Result<(), EngineError> {
+        let null = std::ptr::null::<C_tensor>();
+        // SAFETY: as above; the C side checks kinds, shapes and sizes.
+        call("decode_attention", |e, n| unsafe {
+            gyre_fused_decode_attention(
+                ptr(q),
+                ptr(kc),
+                ptr(vc),
+                ptr(gather),
+                ptr(cu_k),
+                used.map_or(null, ptr),
+                ptr(out),
+                ptr(part),
+                ptr(ml),
+                chunk,
+                splits,
+                scale,
+                e,
+                n,
+            )
+        })
+    }
 }
 
 #[cfg(not(gyre_cuda_graphs))]
@@ -704,6 +1030,37 @@ mod ffi {
     pub(super) fn silu_mul(_: &Tensor, _: &Tensor) -> Result<(), EngineError> {
         Err(none())
     }
+
+    pub(super) fn sms() -> i64 {
+        0
+    }
+
+    pub(super) fn gemv(
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: &Tensor,
+    ) -> Result<(), EngineError> {
+        Err(none())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decode_attention(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: i64,
+        _: i64,
+        _: f64,
+    ) -> Result<(), EngineError> {
+        Err(none())
+    }
 }
 
 #[cfg(all(test, gyre_cuda_graphs))]
@@ -717,6 +1074,26 @@ mod tests {
         for arch in [80, 90] {
             super::ffi::compile(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
         }
+    }
+
+    /// The split planner gives every block at least one round of keys,
+    /// covers every key, and splits more when the GPU would otherwise idle.
+    #[test]
+    fn attention_splits_cover_the_keys() {
+        for (seqs, kvh, max_k) in [
+            (1, 8, 256),
+            (1, 8, 2048),
+            (8, 8, 256),
+            (256, 8, 4096),
+            (3, 3, 1),
+        ] {
+            let (chunk, splits) = super::attn_plan(seqs, kvh, max_k, 132);
+            assert!(chunk >= 32 && chunk % 32 == 0, "{chunk}");
+            assert!(chunk * splits >= max_k && chunk * (splits - 1) < max_k);
+        }
+        assert_eq!(super::attn_plan(1, 8, 256, 132), (32, 8));
+        assert_eq!(super::attn_plan(1, 8, 2048, 132), (64, 32));
+        assert_eq!(super::attn_plan(256, 8, 4096, 132).1, 1);
     }
 
     /// Without a CUDA device loading fails (and the callers keep

@@ -632,7 +632,7 @@ pub mod internals {
 
     pub use crate::config::{Llama3Scaling, LongRopeScaling, ModelConfig, RopeScaling};
     pub use crate::fused::{
-        check_against_libtorch as check_fused_kernels, set_enabled as set_fused_kernels,
+        check_against_libtorch as check_fused_kernels, set_enabled as set_fused_kernels, time_gemv,
     };
     pub use crate::kv::KvPool;
     pub use crate::layers::Backend;

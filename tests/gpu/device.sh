@@ -55,7 +55,7 @@ step_env() {
 step_cuda_check() {
   for m in ${CUDA_CHECK_MODELS:-"$W"/tiny-*}; do
     echo "== cuda_check $(basename "$m")"
-    GYRE_FUSED_NORM=0 $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -24
+    GYRE_FUSED_NORM=0 $B/examples/cuda_check "$m" 2>&1 | grep -v '^\s*$' | tail -40
   done 2>&1 | tee -a "$OUT/cuda_check.txt"
 }
 
@@ -113,8 +113,10 @@ step_decode() {
 
 step_decode_fused() {
   # gyre's fused kernels (engine/src/fused.rs) on, and off
-  # (GYRE_FUSED_KERNELS=0). Batch 1 on each shape, 8 streams and a
-  # 2,000-token context on the 8B;
+  # (GYRE_FUSED_KERNELS=0), and on the 8B without the matrix-vector kernel
+  # (GYRE_GEMV=0) or the decode attention kernel (GYRE_DECODE_ATTN=0).
+  # Batch 1 on each shape, 8 streams (the kernel up to 4 rows, and 8) and
+  # a 2,000-token context on the 8B;
   # CUDA graphs on, graph replay times profiled; then the rooflines.
   local run
   run() {
@@ -127,14 +129,33 @@ step_decode_fused() {
     local m="$W/$name"
     [ -d "$m" ] || continue
     run "$m" 1 128 X=1
+    if [ "$name" = llama-3-8b ]; then
+      run "$m" 1 128 GYRE_GEMV=0
+      run "$m" 1 128 GYRE_DECODE_ATTN=0
+    fi
     run "$m" 1 128 GYRE_FUSED_KERNELS=0
     if [ "$name" = llama-3-8b ]; then
       run "$m" 8 128 X=1
+      run "$m" 8 128 GYRE_GEMV_MAX_ROWS=8
       run "$m" 8 128 GYRE_FUSED_KERNELS=0
       run "$m" 1 2000 X=1
-      run "$m" 1 2000 GYRE_FUSED_KERNELS=0
+      run "$m" 1 2000 GYRE_DECODE_ATTN=0
     fi
     python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
+  done 2>&1 | tee -a "$OUT/decode.txt"
+}
+
+step_gemv_rows() {
+  # The matrix-vector kernel at 2 and 4 rows (its default limit) against
+  # cuBLAS (GYRE_GEMV=0), 8B shape, CUDA graphs on.
+  local m="$W/llama-3-8b" streams
+  [ -d "$m" ] || return 0
+  for streams in 2 4; do
+    for e in X=1 GYRE_GEMV=0; do
+      echo "== steptime llama-3-8b streams=$streams prompt=128 $e"
+      env $e DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+        $B/examples/steptime "$m" 128 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+    done
   done 2>&1 | tee -a "$OUT/decode.txt"
 }
 

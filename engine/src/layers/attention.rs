@@ -2,9 +2,12 @@
 //! it stores the step's new keys and values in the pool and attends each
 //! sequence's queries over its own cached positions.
 //!
-//! Paths, chosen per step: flash attention over all packed sequences on
-//! CUDA; `attn`'s kernel for CPU decodes (reading the pool in place); SDPA
-//! per sequence over its gathered slots for everything else. A sequence's
+//! Paths, chosen per step: on CUDA, a step whose sequences all decode one
+//! token takes gyre's split-key decode kernel (`crate::fused`, reading the
+//! pool in place), any other step flash attention over all packed
+//! sequences (their keys gathered first); `attn`'s kernel for CPU decodes
+//! (reading the pool in place); SDPA per sequence over its gathered slots
+//! for everything else. A sequence's
 //! result never depends on what it is batched with.
 //!
 //! Parameters: a sliding window (query at position p sees keys in
@@ -137,6 +140,21 @@ fn attend_stored(
         && be.flash_attention()
     {
         let (kc, vc) = pool.layer(li);
+        // Every sequence decodes one token: gyre's kernel reads the pool
+        // in place, split over the keys (crate::fused), when it takes them.
+        if varlen.max_q() == 1
+            && let Some(out) = crate::fused::decode_attention(
+                &q.f_contiguous()?,
+                kc,
+                vc,
+                gather,
+                varlen.cu_k(),
+                varlen.seqused_k(),
+                varlen.max_k(),
+            )?
+        {
+            return Ok(out.f_view([n, width])?);
+        }
         let (keys, vals) = (kc.f_index_select(0, gather)?, vc.f_index_select(0, gather)?);
         match varlen.attend(q, &keys, &vals) {
             Ok(out) => return Ok(out.f_view([n, width])?),

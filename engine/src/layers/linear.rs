@@ -92,7 +92,14 @@ impl Linear {
         let y = match &self.w {
             Weight::Packed(p) => p.forward(x, &be.pool)?,
             Weight::Quant(q) => q.forward(x, be.quant.unwrap_or_default(), &be.pool)?,
-            Weight::Torch(w) => return Ok(x.f_linear(w, self.bias.as_ref())?),
+            Weight::Torch(w) => {
+                // A decode step's few rows on CUDA: gyre's matrix-vector
+                // kernel (crate::fused), else cuBLAS.
+                if let Some(y) = crate::fused::gemv(x, w, self.bias.as_ref())? {
+                    return Ok(y);
+                }
+                return Ok(x.f_linear(w, self.bias.as_ref())?);
+            }
             Weight::Transposed(wt) => x.f_matmul(wt)?,
         };
         Ok(match &self.bias {
