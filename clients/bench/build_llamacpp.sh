@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` and `llama-quantize` for gyre-bench's L1
-# (gyre vs llama.cpp on the same GGUF files), once per version.
+# Builds llama.cpp's `llama-server`, `llama-quantize`, `llama-perplexity` and
+# `llama-tokenize` for gyre-bench's L1 (gyre vs llama.cpp on the same GGUF
+# files: speed, and perplexity on a fixed text), once per version.
 #
 # Usage: clients/bench/build_llamacpp.sh PYTHON VERSION DEST
 #
@@ -11,8 +12,9 @@
 # installed into PYTHON's environment with pip. The build is CPU only, tuned
 # for this machine (GGML_NATIVE), without HTTPS, the web UI or tests, on two
 # jobs. DEST gets src/ (the unpacked sources, kept for convert_hf_to_gguf.py
-# and its gguf-py), build/, bin/llama-server, bin/llama-quantize, and a
-# .built stamp: a re-run with the stamp present exits at once. The converter
+# and its gguf-py), build/, bin/ with the four tools, and a .built stamp: a
+# re-run with the stamp and every tool present exits at once (a build of an
+# older version of this script gains the tools it lacks). The converter
 # imports sentencepiece, which gyre's environment lacks: it is installed into
 # PYTHON's environment here.
 set -euo pipefail
@@ -24,7 +26,10 @@ PY=${1:?$usage}
 LLAMA_CPP_PYTHON_VERSION=${2:?$usage}
 DEST=${3:?$usage}
 
-if [ -f "$DEST/.built" ]; then
+TOOLS="llama-server llama-quantize llama-perplexity llama-tokenize"
+have_all=1
+for t in $TOOLS; do [ -x "$DEST/bin/$t" ] || have_all=0; done
+if [ -f "$DEST/.built" ] && [ $have_all = 1 ]; then
   exit 0
 fi
 mkdir -p "$DEST/download"
@@ -52,9 +57,9 @@ fi
   -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
-"$cmake" --build "$DEST/build" --config Release -j 2 --target llama-server llama-quantize
+"$cmake" --build "$DEST/build" --config Release -j 2 --target $TOOLS
 mkdir -p "$DEST/bin"
-cp "$DEST/build/bin/llama-server" "$DEST/build/bin/llama-quantize" "$DEST/bin/"
+for t in $TOOLS; do cp "$DEST/build/bin/$t" "$DEST/bin/"; done
 "$PY" -c 'import sentencepiece' 2>/dev/null ||
   "$PY" -m pip install -q --disable-pip-version-check "sentencepiece==$SENTENCEPIECE_VERSION"
 touch "$DEST/.built"

@@ -8,7 +8,7 @@
 //! `WEIGHTS=f32` dequantizes a GGUF's weights at load (the default keeps
 //! Q8_0/Q4_0/Q4_1 matrices quantized on an AVX-512 VNNI CPU);
 //! `WEIGHTS=q-f32act` keeps them quantized with f32 activations instead of
-//! int8 ones.
+//! int8 ones; `WEIGHTS=q-int8` with int8 activations and no residual.
 //! `GYRE_PROFILE_GRAPHS=1` also logs each decode graph's device time per
 //! replay, back to back (see `engine/src/graph.rs`).
 use std::time::Instant;
@@ -40,6 +40,7 @@ fn main() {
     match std::env::var("WEIGHTS").as_deref() {
         Ok("f32") => o.load_options.dequantize = true,
         Ok("q-f32act") => o.load_options.activations = Activations::F32,
+        Ok("q-int8") => o.load_options.activations = Activations::Int8,
         _ => {}
     }
     println!("libtorch threads on main: {}", tch::get_num_threads());

@@ -238,6 +238,18 @@ pub struct RunArgs {
     /// (1 with --quick).
     #[arg(long)]
     pub l1_rounds: Option<usize>,
+    /// L1's perplexity text: each file's perplexity on it, by gyre and by
+    /// llama.cpp's `llama-perplexity` (beside --llama-server), over the same
+    /// token ids (`llama-tokenize`).
+    #[arg(long, default_value = "clients/bench/data/perplexity.txt")]
+    pub l1_ppl_text: PathBuf,
+    /// L1's perplexity context: chunks of this many tokens, the second
+    /// half of each scored (llama-perplexity's protocol).
+    #[arg(long, default_value_t = 128)]
+    pub l1_ppl_ctx: usize,
+    /// L1's perplexity chunks (at most; 0 skips the perplexity).
+    #[arg(long, default_value_t = 8)]
+    pub l1_ppl_chunks: usize,
     /// D1's sampling temperature (0: greedy, and both sides' answers must
     /// be the same text; above 0, each round's two requests are sampled
     /// with one seed, and the answers are not compared).

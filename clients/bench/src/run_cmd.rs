@@ -97,6 +97,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         seed: args.seed,
         server_args: &args.server_args,
         llama_server_args: &args.llama_server_args,
+        ppl: crate::scenarios::llamacpp::PplSpec {
+            text: std::path::absolute(&args.l1_ppl_text)?,
+            ctx: args.l1_ppl_ctx,
+            chunks: args.l1_ppl_chunks,
+        },
     };
     let llama_results = tokio::select! {
         results = scenarios::run_llamacpp(&llama_ctx, &args.only) => results,
