@@ -569,6 +569,7 @@ mod local {
             embed_batch_tokens: 8192,
             compute_threads: None,
             dequantize: false,
+            quant_activations: gyre_engine::Activations::default(),
             text: Default::default(),
             load_progress: progress,
             hub_cache: gyre_service::resolve::hub_cache_dir(),

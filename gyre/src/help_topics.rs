@@ -46,6 +46,7 @@ const TOPICS: &[(&str, &[&str])] = &[
             "max_queue",
             "compute_threads",
             "dequantize",
+            "quant_activations",
             "embed_batch_tokens",
         ],
     ),

@@ -256,6 +256,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
         embed_batch_tokens: e.embed_batch_tokens as usize,
         compute_threads: e.compute_threads,
         dequantize: e.dequantize,
+        quant_activations: e.quant_activations.into(),
         text,
         load_progress: Some(load_progress(log_format)),
         hub_cache: resolve::hub_cache_dir(),

@@ -35,6 +35,8 @@ pub struct LoadDefaults {
     /// Dequantize GGUF weights to f32 at load (`--dequantize`) instead of
     /// keeping Q8_0/Q4_0/Q4_1 matrices quantized on the CPU.
     pub dequantize: bool,
+    /// The quantized kernels' activations (`--quant-activations`).
+    pub quant_activations: gyre_engine::Activations,
     pub text: TextOptions,
     pub load_progress: Option<Arc<dyn LoadProgress>>,
     /// The HuggingFace cache that hub ids are looked up in.
@@ -49,7 +51,7 @@ impl LoadDefaults {
     fn load_options(&self) -> gyre_engine::LoadOptions {
         gyre_engine::LoadOptions {
             dequantize: self.dequantize,
-            ..Default::default()
+            activations: self.quant_activations,
         }
     }
 }
