@@ -55,66 +55,71 @@ pub(crate) fn f32_view(t: &Tensor) -> Result<&[f32], EngineError> {
 
 /// Attention output [seqs.len(), heads, head_dim] (row-major) of each
 /// sequence's query (`q`: [rows, heads, head_dim]) over keys and values
-/// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots.
+/// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots, split over
+/// `workers` (the linear layers' threads) when there is enough of it.
 pub(crate) fn decode(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     seqs: &[DecodeSeq<'_>],
     h: Heads,
-    threads: usize,
+    workers: Option<&crate::workers::Workers>,
 ) -> Vec<f32> {
     let per_seq = h.heads * h.head_dim;
     let mut out = vec![0f32; seqs.len() * per_seq];
     // Split the sequences across threads by the number of keys they read,
-    // but only when there is enough work to pay for spawning threads.
+    // but only when there is enough work to pay for the hand-off.
     let keys: usize = seqs.iter().map(|s| s.slots.len()).sum();
-    let threads = if keys * h.kv_heads * h.head_dim < (1 << 18) {
+    let threads = workers.map_or(1, |w| w.threads());
+    let parts_wanted = if keys * h.kv_heads * h.head_dim < (1 << 16) {
         1
     } else {
-        threads.clamp(1, seqs.len().max(1))
+        (2 * threads).clamp(1, seqs.len().max(1))
     };
-    if threads == 1 {
-        for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
-            one_seq(q, k, v, s, h, o);
-        }
-        return out;
-    }
-    // Contiguous runs of sequences with about equal numbers of keys.
-    let target = keys.div_ceil(threads);
-    let mut parts: Vec<(&[DecodeSeq<'_>], &mut [f32])> = Vec::with_capacity(threads);
-    let (mut rest_s, mut rest_o) = (seqs, out.as_mut_slice());
-    while !rest_s.is_empty() {
-        let mut n = 0;
-        let mut acc = 0;
-        while n < rest_s.len() && (n == 0 || acc < target) {
-            acc += rest_s[n].slots.len();
-            n += 1;
-        }
-        let (s, s2) = rest_s.split_at(n);
-        let (o, o2) = std::mem::take(&mut rest_o).split_at_mut(n * per_seq);
-        parts.push((s, o));
-        rest_s = s2;
-        rest_o = o2;
-    }
-    std::thread::scope(|sc| {
-        let mut parts = parts.into_iter();
-        let first = parts.next();
-        for (s, o) in parts {
-            sc.spawn(move || {
-                for (s, o) in s.iter().zip(o.chunks_exact_mut(per_seq)) {
-                    one_seq(q, k, v, s, h, o);
-                }
-            });
-        }
-        if let Some((s, o)) = first {
-            for (s, o) in s.iter().zip(o.chunks_exact_mut(per_seq)) {
+    let workers = match workers {
+        Some(w) if parts_wanted > 1 => w,
+        _ => {
+            for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
                 one_seq(q, k, v, s, h, o);
             }
+            return out;
+        }
+    };
+    // Contiguous runs of sequences with about equal numbers of keys: part
+    // i is sequences bounds[i]..bounds[i + 1].
+    let target = keys.div_ceil(parts_wanted);
+    let mut bounds = vec![0usize];
+    let mut acc = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        acc += s.slots.len();
+        if acc >= target && i + 1 < seqs.len() {
+            bounds.push(i + 1);
+            acc = 0;
+        }
+    }
+    bounds.push(seqs.len());
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = &out_ptr;
+    workers.run(bounds.len() - 1, |part| {
+        let (lo, hi) = (bounds[part], bounds[part + 1]);
+        for (i, s) in seqs.iter().enumerate().take(hi).skip(lo) {
+            #[allow(unsafe_code)]
+            // SAFETY: `out` holds seqs.len() * per_seq floats and outlives
+            // `run`; each sequence's range is written by the one part that
+            // holds it.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * per_seq), per_seq) };
+            one_seq(q, k, v, s, h, o);
         }
     });
     out
 }
+
+/// The output buffer, shared by the parts that write disjoint ranges of it.
+struct OutPtr(*mut f32);
+// SAFETY: only used to write disjoint ranges of a buffer that outlives the
+// parts sharing it.
+#[allow(unsafe_code)]
+unsafe impl Sync for OutPtr {}
 
 /// One sequence's attention, compiled for AVX2 + FMA when the CPU has them
 /// (the choice is per machine, so results never depend on the batch).
@@ -285,8 +290,8 @@ mod tests {
             f32_view(&k).expect("k"),
             f32_view(&v).expect("v"),
         );
-        let got = decode(qs, ks, vs, &seqs, heads(Some(cap)), 1);
-        let uncapped = decode(qs, ks, vs, &seqs, heads(None), 1);
+        let got = decode(qs, ks, vs, &seqs, heads(Some(cap)), None);
+        let uncapped = decode(qs, ks, vs, &seqs, heads(None), None);
         let idx = Tensor::from_slice(&table);
         let kk = k
             .index_select(0, &idx)
@@ -308,6 +313,42 @@ mod tests {
         };
         assert!(diff(&got, &want) < 1e-5, "max diff {}", diff(&got, &want));
         assert!(diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
+    }
+
+    /// Split over the workers (enough keys to split), every sequence's
+    /// result is the one it gets alone on the calling thread, bit for bit.
+    #[test]
+    fn split_over_workers_changes_nothing() {
+        tch::manual_seed(5);
+        let (nh, nkv, hd, slots) = (8i64, 4i64, 64i64, 1024i64);
+        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let q = Tensor::randn([7, nh, hd], (Kind::Float, Device::Cpu));
+        let tables: Vec<Vec<i64>> = (0..7)
+            .map(|i| (0..(40 + 150 * i)).map(|j| (j * 7 + i) % slots).collect())
+            .collect();
+        let seqs: Vec<DecodeSeq<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(row, s)| DecodeSeq { row, slots: s })
+            .collect();
+        let h = Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+            scale: 0.125,
+            softcap: None,
+        };
+        let (qs, ks, vs) = (
+            f32_view(&q).expect("q"),
+            f32_view(&k).expect("k"),
+            f32_view(&v).expect("v"),
+        );
+        let alone = decode(qs, ks, vs, &seqs, h, None);
+        for threads in [2, 3] {
+            let workers = crate::workers::Workers::new(threads).expect("workers");
+            assert_eq!(decode(qs, ks, vs, &seqs, h, Some(&workers)), alone);
+        }
     }
 
     /// The kernel agrees with libtorch's SDPA on the gathered keys.
@@ -338,8 +379,9 @@ mod tests {
         let qs = f32_view(&q).expect("q");
         let ks = f32_view(&k).expect("k");
         let vs = f32_view(&v).expect("v");
-        for threads in [1, 2] {
-            let got = decode(qs, ks, vs, &seqs, h, threads);
+        let workers = crate::workers::Workers::new(2).expect("workers");
+        for pool in [None, Some(&workers)] {
+            let got = decode(qs, ks, vs, &seqs, h, pool);
             for (i, t) in tables.iter().enumerate() {
                 let idx = Tensor::from_slice(t);
                 let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
@@ -359,7 +401,11 @@ mod tests {
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
-                assert!(diff < 1e-5, "seq {i} threads {threads}: max diff {diff}");
+                assert!(
+                    diff < 1e-5,
+                    "seq {i} pool {}: max diff {diff}",
+                    pool.is_some()
+                );
             }
         }
     }

@@ -203,14 +203,13 @@ fn attend_stored(
                 .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
             softcap: lg.softcap.map(|c| c as f32),
         };
-        let threads = tch::get_num_threads().max(1) as usize;
         let out = attn::decode(
             attn::f32_view(&qc)?,
             attn::f32_view(kc)?,
             attn::f32_view(vc)?,
             &decodes,
             heads,
-            threads,
+            Some(&be.pool),
         );
         let d = Tensor::from_slice(&out).f_view([decodes.len() as i64, p.heads, p.head_dim])?;
         // Only decodes (the common step): the kernel's output is it.

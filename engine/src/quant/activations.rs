@@ -39,6 +39,19 @@ pub(super) struct QuantBlock<'a> {
 /// `scale / 128` is exact).
 pub(super) const RESIDUAL_STEP: f32 = 1.0 / 128.0;
 
+/// `v.round() as i8` (halves away from zero, saturating) for |v| < 2^23,
+/// without the libm call `f32::round` becomes on baseline x86-64:
+/// truncate, then step away from zero when the dropped fraction (exact,
+/// since |v| < 2^23) is at least one half. Branch-free, so the block loops
+/// vectorise.
+#[inline(always)]
+fn round_i8(v: f32) -> i8 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    // `as i8` of a float saturates; so does this.
+    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)).clamp(-128, 127) as i8
+}
+
 impl QuantizedRows {
     /// `dx = max|x| / 127`, `q = round(x / dx)` (0 for an all-zero block);
     /// with `residual`, `q2 = round((x - dx q) / (dx / 128))`, within
@@ -60,7 +73,7 @@ impl QuantizedRows {
             let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
             let mut s = 0i32;
             for (qv, &xv) in qb.iter_mut().zip(xb) {
-                *qv = (xv * inv).round() as i8;
+                *qv = round_i8(xv * inv);
                 s += i32::from(*qv);
             }
             d[i] = dx;
@@ -70,7 +83,7 @@ impl QuantizedRows {
                 let inv2 = inv / RESIDUAL_STEP;
                 let mut s2 = 0i32;
                 for ((r, &xv), &qv) in q2[i * QK..][..QK].iter_mut().zip(xb).zip(&*qb) {
-                    *r = ((xv - dx * f32::from(qv)) * inv2).round() as i8;
+                    *r = round_i8((xv - dx * f32::from(qv)) * inv2);
                     s2 += i32::from(*r);
                 }
                 sum2[i] = s2;
@@ -87,6 +100,7 @@ impl QuantizedRows {
         }
     }
 
+    #[inline]
     pub(super) fn block(&self, r: usize, b: usize) -> QuantBlock<'_> {
         let i = r * self.blocks + b;
         QuantBlock {
@@ -118,10 +132,46 @@ impl<'a> F32Rows<'a> {
         Self { k, x, sum }
     }
 
+    #[inline]
     pub(super) fn block(&self, r: usize, b: usize) -> (&[f32], f32) {
         (
             &self.x[r * self.k + b * QK..][..QK],
             self.sum[r * (self.k / QK) + b],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The branch-free rounding equals `f32::round` (halves away from zero)
+    /// wherever the quantizer uses it, halves and their neighbours included.
+    #[test]
+    fn rounding_matches_round() {
+        let mut v = -130.0f32;
+        while v <= 130.0 {
+            for x in [
+                v,
+                v + 0.5,
+                f32::from_bits((v + 0.5).to_bits() + 1),
+                f32::from_bits((v + 0.5).to_bits().wrapping_sub(1)),
+            ] {
+                if x.abs() <= 140.0 {
+                    assert_eq!(super::round_i8(x), x.round() as i8, "{x}");
+                }
+            }
+            v += 0.25;
+        }
+        for x in [
+            0.49999997f32,
+            -0.49999997,
+            0.5,
+            -0.5,
+            126.5,
+            -126.5,
+            0.0,
+            -0.0,
+        ] {
+            assert_eq!(super::round_i8(x), x.round() as i8, "{x}");
+        }
     }
 }
