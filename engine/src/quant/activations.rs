@@ -56,40 +56,68 @@ impl QuantizedRows {
     /// `dx = max|x| / 127`, `q = round(x / dx)` (0 for an all-zero block);
     /// with `residual`, `q2 = round((x - dx q) / (dx / 128))`, within
     /// [-65, 65].
-    pub(super) fn new(x: &[f32], m: usize, k: usize, residual: bool) -> Self {
+    pub(super) fn new(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        residual: bool,
+        workers: Option<&crate::workers::Workers>,
+    ) -> Self {
         let blocks = k / QK;
         let mut q = vec![0i8; m * k];
         let mut d = vec![0f32; m * blocks];
         let mut sum = vec![0i32; m * blocks];
         let mut sx = vec![0f32; m * blocks];
         let mut res = residual.then(|| (vec![0i8; m * k], vec![0i32; m * blocks]));
-        for (i, (xb, qb)) in x[..m * k]
-            .chunks_exact(QK)
-            .zip(q.chunks_exact_mut(QK))
-            .enumerate()
-        {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let dx = amax / 127.0;
-            let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
-            let mut s = 0i32;
-            for (qv, &xv) in qb.iter_mut().zip(xb) {
-                *qv = round_i8(xv * inv);
-                s += i32::from(*qv);
+        // Rows split over the workers when there are several: each part
+        // quantizes its own rows into its own ranges, as alone.
+        let parts = workers.map_or(1, |w| w.threads()).min(m).max(1);
+        let rows_per = m.div_ceil(parts);
+        let (mut rq, mut rd, mut rs, mut rx) = (&mut q[..], &mut d[..], &mut sum[..], &mut sx[..]);
+        let (mut r2, mut rs2) = match &mut res {
+            Some((a, b)) => (&mut a[..], &mut b[..]),
+            None => (&mut [][..], &mut [][..]),
+        };
+        let mut jobs = Vec::with_capacity(parts);
+        let mut r0 = 0;
+        while r0 < m {
+            let n = rows_per.min(m - r0);
+            let (q1, q2) = std::mem::take(&mut rq).split_at_mut(n * k);
+            let (d1, d2) = std::mem::take(&mut rd).split_at_mut(n * blocks);
+            let (s1, s2) = std::mem::take(&mut rs).split_at_mut(n * blocks);
+            let (x1, x2) = std::mem::take(&mut rx).split_at_mut(n * blocks);
+            let (res_part, rest) = if residual {
+                let (a1, a2) = std::mem::take(&mut r2).split_at_mut(n * k);
+                let (b1, b2) = std::mem::take(&mut rs2).split_at_mut(n * blocks);
+                (Some((a1, b1)), Some((a2, b2)))
+            } else {
+                (None, None)
+            };
+            if let Some((a2, b2)) = rest {
+                (r2, rs2) = (a2, b2);
             }
-            d[i] = dx;
-            sum[i] = s;
-            sx[i] = dx * s as f32;
-            if let Some((q2, sum2)) = &mut res {
-                let inv2 = inv / RESIDUAL_STEP;
-                let mut s2 = 0i32;
-                for ((r, &xv), &qv) in q2[i * QK..][..QK].iter_mut().zip(xb).zip(&*qb) {
-                    *r = round_i8((xv - dx * f32::from(qv)) * inv2);
-                    s2 += i32::from(*r);
-                }
-                sum2[i] = s2;
-                sx[i] += dx * RESIDUAL_STEP * s2 as f32;
-            }
+            jobs.push(std::sync::Mutex::new(Some((
+                &x[r0 * k..(r0 + n) * k],
+                q1,
+                d1,
+                s1,
+                x1,
+                res_part,
+            ))));
+            (rq, rd, rs, rx) = (q2, d2, s2, x2);
+            r0 += n;
         }
+        let run = |j: usize| {
+            let job = jobs[j].lock().map(|mut g| g.take()).ok().flatten();
+            if let Some((xs, q, d, sum, sx, res)) = job {
+                quantize(xs, q, d, sum, sx, res);
+            }
+        };
+        match workers {
+            Some(w) if jobs.len() > 1 => w.run(jobs.len(), run),
+            _ => (0..jobs.len()).for_each(run),
+        }
+        drop(jobs);
         Self {
             blocks,
             q,
@@ -100,7 +128,7 @@ impl QuantizedRows {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn block(&self, r: usize, b: usize) -> QuantBlock<'_> {
         let i = r * self.blocks + b;
         QuantBlock {
@@ -112,6 +140,42 @@ impl QuantizedRows {
                 .residual
                 .as_ref()
                 .map(|(q2, s2)| (&q2[i * QK..][..QK], s2[i])),
+        }
+    }
+}
+
+/// The quantizer proper over some rows: `x`'s 32-blocks into `q` (and the
+/// residual's quants), the blocks' scales `d`, sums of quants `sum` and
+/// sums as the quants give them `sx` (see [`QuantizedRows::new`]).
+fn quantize(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum: &mut [i32],
+    sx: &mut [f32],
+    mut res: Option<(&mut [i8], &mut [i32])>,
+) {
+    for (i, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let dx = amax / 127.0;
+        let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
+        let mut s = 0i32;
+        for (qv, &xv) in qb.iter_mut().zip(xb) {
+            *qv = round_i8(xv * inv);
+            s += i32::from(*qv);
+        }
+        d[i] = dx;
+        sum[i] = s;
+        sx[i] = dx * s as f32;
+        if let Some((q2, sum2)) = &mut res {
+            let inv2 = inv / RESIDUAL_STEP;
+            let mut s2 = 0i32;
+            for ((r, &xv), &qv) in q2[i * QK..][..QK].iter_mut().zip(xb).zip(&*qb) {
+                *r = round_i8((xv - dx * f32::from(qv)) * inv2);
+                s2 += i32::from(*r);
+            }
+            sum2[i] = s2;
+            sx[i] += dx * RESIDUAL_STEP * s2 as f32;
         }
     }
 }
@@ -143,6 +207,27 @@ impl<'a> F32Rows<'a> {
 
 #[cfg(test)]
 mod tests {
+    /// Rows quantized in parts over the workers equal the rows quantized
+    /// on the calling thread alone.
+    #[test]
+    fn split_over_workers_changes_nothing() {
+        let (m, k) = (5, 96);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0)
+            .collect();
+        let workers = crate::workers::Workers::new(2).expect("workers");
+        for residual in [false, true] {
+            let a = super::QuantizedRows::new(&x, m, k, residual, None);
+            let b = super::QuantizedRows::new(&x, m, k, residual, Some(&workers));
+            assert_eq!(a.q, b.q);
+            assert_eq!(a.d, b.d);
+            assert_eq!(a.sum, b.sum);
+            assert_eq!(a.sx, b.sx);
+            assert_eq!(a.residual, b.residual);
+            assert!(a.q.iter().any(|&v| v != 0));
+        }
+    }
+
     /// The branch-free rounding equals `f32::round` (halves away from zero)
     /// wherever the quantizer uses it, halves and their neighbours included.
     #[test]

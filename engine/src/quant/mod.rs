@@ -286,8 +286,10 @@ impl QuantMatrix {
         out: &mut [f32],
     ) {
         let rows = match acts {
-            Activations::Int8 => Rows::Int8(QuantizedRows::new(x, m, self.k, false)),
-            Activations::Int8Residual => Rows::Int8(QuantizedRows::new(x, m, self.k, true)),
+            Activations::Int8 => Rows::Int8(QuantizedRows::new(x, m, self.k, false, Some(workers))),
+            Activations::Int8Residual => {
+                Rows::Int8(QuantizedRows::new(x, m, self.k, true, Some(workers)))
+            }
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
         };
         let groups = self.n.div_ceil(NG);
