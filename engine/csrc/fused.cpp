@@ -207,22 +207,15 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __r
   }
 }
 
-extern "C" __global__ void gyre_gemv1(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
-                                      int m, int n, int k) {
-  gemv<1>(x, w, bias, y, m, n, k);
-}
-extern "C" __global__ void gyre_gemv2(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
-                                      int m, int n, int k) {
-  gemv<2>(x, w, bias, y, m, n, k);
-}
-extern "C" __global__ void gyre_gemv4(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
-                                      int m, int n, int k) {
-  gemv<4>(x, w, bias, y, m, n, k);
-}
-extern "C" __global__ void gyre_gemv8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
-                                      int m, int n, int k) {
-  gemv<8>(x, w, bias, y, m, n, k);
-}
+#define GYRE_GEMV(M)                                                                          \
+  extern "C" __global__ void gyre_gemv##M(const bf16* x, const bf16* w, const bf16* bias,     \
+                                          bf16* y, int m, int n, int k) {                     \
+    gemv<M>(x, w, bias, y, m, n, k);                                                          \
+  }
+GYRE_GEMV(1)
+GYRE_GEMV(2)
+GYRE_GEMV(4)
+GYRE_GEMV(8)
 
 // ---- Decode attention over the paged pool, split over the keys (flash-
 // decoding). Every sequence has one query; its keys are the pool rows

@@ -27,6 +27,7 @@ pub mod llamacpp;
 pub mod lookup;
 pub mod ops;
 mod overhead;
+mod perplexity;
 mod prefix;
 mod sweep;
 mod throughput;

@@ -1,0 +1,226 @@
+//! The same ops on the CPU in float32, over the tensors' memory (the
+//! dispatchers in `fused.rs` check `cpu_usable`). Each computes what the libtorch ops it
+//! replaces compute: the rotary outputs and the copies into the pool bit
+//! for bit; the norm's sum of squares in float64 (libtorch sums in float32,
+//! in another order); SiLU with the platform's `exp`.
+
+use tch::Tensor;
+
+use crate::EngineError;
+use crate::attn::f32_view;
+
+fn rows_of(x: &Tensor) -> (usize, usize) {
+    let width = x.size().last().copied().unwrap_or(0).max(0) as usize;
+    (x.numel().checked_div(width).unwrap_or(0), width)
+}
+
+/// [`super::cuda_add_rms_norm`]'s arithmetic on the CPU in float32.
+pub(crate) fn add_rms_norm(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), EngineError> {
+    let (rows, hidden) = rows_of(x);
+    let (xs, ws) = (f32_view(x)?, f32_view(w)?);
+    let ds = delta.map(f32_view).transpose()?;
+    if ws.len() != hidden || ds.is_some_and(|d| d.len() != xs.len()) {
+        return Err(EngineError::Step("rms_norm: shapes do not agree".into()));
+    }
+    let mut sum = ds.map(|_| vec![0f32; xs.len()]);
+    let mut h = vec![0f32; xs.len()];
+    for r in 0..rows {
+        let span = r * hidden..(r + 1) * hidden;
+        let row: &[f32] = match (&mut sum, ds) {
+            (Some(out), Some(d)) => {
+                let o = &mut out[span.clone()];
+                for ((o, a), b) in o.iter_mut().zip(&xs[span.clone()]).zip(&d[span.clone()]) {
+                    *o = a + b;
+                }
+                o
+            }
+            _ => &xs[span.clone()],
+        };
+        let ss: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+        let var = (ss / hidden as f64) as f32;
+        let inv = 1.0 / (var + eps as f32).sqrt();
+        for ((o, &v), &wi) in h[span].iter_mut().zip(row).zip(ws) {
+            *o = wi * (v * inv);
+        }
+    }
+    let shape = x.size();
+    let h = Tensor::from_slice(&h).f_view(shape.as_slice())?;
+    let x_out = match sum {
+        Some(s) => Tensor::from_slice(&s).f_view(shape.as_slice())?,
+        None => x.shallow_clone(),
+    };
+    Ok((x_out, h))
+}
+
+/// [`super::cuda_rope_kv`] on the CPU: queries returned, keys and values
+/// copied into the pool layer `k_cache`, `v_cache` at `slots`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_kv(
+    qkv: &Tensor,
+    cos: &Tensor,
+    signed_sin: &Tensor,
+    slots: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+) -> Result<Tensor, EngineError> {
+    let (n, width) = rows_of(qkv);
+    let (h, kvh, d) = (heads as usize, kv_heads as usize, head_dim as usize);
+    let (a, c, s) = (f32_view(qkv)?, f32_view(cos)?, f32_view(signed_sin)?);
+    let slots: Vec<i64> = Vec::<i64>::try_from(slots)?;
+    let pool_rows = k_cache.size().first().copied().unwrap_or(0);
+    if width != (h + 2 * kvh) * d
+        || c.len() != n * d
+        || s.len() != c.len()
+        || slots.len() != n
+        || d % 2 != 0
+        || k_cache.size() != [pool_rows, kv_heads, head_dim]
+        || v_cache.size() != k_cache.size()
+        || slots.iter().any(|&sl| sl < 0 || sl >= pool_rows)
+    {
+        return Err(EngineError::Step("rope_kv: shapes do not agree".into()));
+    }
+    let (kp, vp) = (pool_ptr(k_cache)?, pool_ptr(v_cache)?);
+    let half = d / 2;
+    let mut q = vec![0f32; n * h * d];
+    let mut rotated = vec![0f32; d];
+    for t in 0..n {
+        let row = &a[t * width..(t + 1) * width];
+        let (ct, st) = (&c[t * d..(t + 1) * d], &s[t * d..(t + 1) * d]);
+        let base = slots[t] as usize * kvh * d;
+        for head in 0..h + 2 * kvh {
+            let x = &row[head * d..(head + 1) * d];
+            let out: &[f32] = if head < h + kvh {
+                for i in 0..d {
+                    let partner = if i < half { x[i + half] } else { x[i - half] };
+                    rotated[i] = x[i] * ct[i] + partner * st[i];
+                }
+                &rotated
+            } else {
+                x
+            };
+            if head < h {
+                q[(t * h + head) * d..(t * h + head + 1) * d].copy_from_slice(out);
+                continue;
+            }
+            let (dst, kv) = if head < h + kvh {
+                (kp, head - h)
+            } else {
+                (vp, head - h - kvh)
+            };
+            #[allow(unsafe_code)]
+            // SAFETY: `dst` is the data of a contiguous float32 CPU
+            // tensor [pool_rows, kv_heads, head_dim] (checked), slot <
+            // pool_rows and kv < kv_heads, so the d floats written lie
+            // inside it; the pool is reached through `&mut KvPool` by
+            // the caller, so nothing reads it meanwhile.
+            unsafe {
+                std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(base + kv * d), d);
+            }
+        }
+    }
+    Ok(Tensor::from_slice(&q).f_view([n as i64, heads, head_dim])?)
+}
+
+fn pool_ptr(t: &Tensor) -> Result<*mut f32, EngineError> {
+    f32_view(t)?;
+    Ok(t.data_ptr().cast::<f32>())
+}
+
+/// [`super::cuda_silu_mul`] on the CPU.
+pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
+    let (n, width) = rows_of(gu);
+    let i = inter as usize;
+    if width != 2 * i {
+        return Err(EngineError::Step("silu_mul: shapes do not agree".into()));
+    }
+    let a = f32_view(gu)?;
+    let mut out = vec![0f32; n * i];
+    for (r, o) in out.chunks_mut(i.max(1)).enumerate().take(n) {
+        let (g, u) = a[r * width..(r + 1) * width].split_at(i);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    Ok(Tensor::from_slice(&out).f_view([n as i64, inter])?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    fn rel(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-12)
+    }
+
+    /// Each op against the libtorch ops it replaces: rotary outputs
+    /// and pool copies identical, the norm and SiLU within a few
+    /// float32 steps.
+    #[test]
+    fn cpu_ops_match_libtorch() {
+        tch::manual_seed(3);
+        let opts = (Kind::Float, Device::Cpu);
+        let (n, hidden, eps) = (5, 96, 1e-5);
+        let x = Tensor::randn([n, hidden], opts) * 3.0;
+        let d = Tensor::randn([n, hidden], opts);
+        let w = Tensor::randn([hidden], opts);
+        let sum = &x + &d;
+        let var = sum.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let reference = &w * (&sum * (var + eps).rsqrt());
+        let (got_x, got_h) = super::add_rms_norm(&x, Some(&d), &w, eps).expect("norm");
+        assert_eq!(got_x, sum);
+        assert!(
+            rel(&got_h, &reference) < 1e-6,
+            "{}",
+            rel(&got_h, &reference)
+        );
+        let (same, alone) = super::add_rms_norm(&sum, None, &w, eps).expect("norm");
+        assert_eq!(same, sum);
+        assert!(rel(&alone, &reference) < 1e-6);
+
+        let inter = 40;
+        let gu = Tensor::randn([3, 2 * inter], opts) * 4.0;
+        let reference = gu.narrow(1, 0, inter).silu() * gu.narrow(1, inter, inter);
+        let got = super::silu_mul(&gu, inter).expect("silu");
+        assert!(rel(&got, &reference) < 1e-6, "{}", rel(&got, &reference));
+
+        let (heads, kvh, hd) = (4i64, 2i64, 8i64);
+        let rope = crate::layers::rope::Rope::new(
+            10000.0,
+            &crate::config::RopeScaling::None,
+            hd,
+            64,
+            Device::Cpu,
+        )
+        .expect("rope");
+        let pos = Tensor::from_slice(&[0i64, 5, 63]);
+        let at = rope.at(&pos).expect("at");
+        let qkv = Tensor::randn([3, (heads + 2 * kvh) * hd], opts);
+        let slots = Tensor::from_slice(&[7i64, 0, 12]);
+        let (q, k, v) = at.apply_qkv(&qkv, heads, kvh, hd).expect("rope");
+        let rk = Tensor::zeros([16, kvh, hd], opts);
+        let rv = Tensor::zeros([16, kvh, hd], opts);
+        let _ = rk.shallow_clone().index_copy_(0, &slots, &k);
+        let _ = rv.shallow_clone().index_copy_(0, &slots, &v);
+        let (gk, gv) = (
+            Tensor::zeros([16, kvh, hd], opts),
+            Tensor::zeros([16, kvh, hd], opts),
+        );
+        let (cos, ssin) = at.tables(Kind::Float).expect("tables");
+        let got =
+            super::rope_kv(&qkv, &cos, &ssin, &slots, &gk, &gv, heads, kvh, hd).expect("rope_kv");
+        assert_eq!(got, q.contiguous());
+        assert_eq!(gk, rk);
+        assert_eq!(gv, rv);
+        // A slot outside the pool is an error, not a write.
+        let bad = Tensor::from_slice(&[7i64, 0, 16]);
+        assert!(super::rope_kv(&qkv, &cos, &ssin, &bad, &gk, &gv, heads, kvh, hd).is_err());
+    }
+}
