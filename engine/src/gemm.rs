@@ -86,31 +86,31 @@ impl Packed {
     pub(crate) fn forward(&self, x: &Tensor, workers: &Workers) -> Result<Tensor, EngineError> {
         let (x, m) = input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
-        let mut out = vec![0f32; m * self.n];
-        let panels = self.n.div_ceil(NR);
-        // Contiguous runs of panels, a few per thread so the work balances.
-        let chunks = (workers.threads() * 4).clamp(1, panels);
-        let mut per = panels.div_ceil(chunks);
-        if m == 1 {
-            // Whole groups of panels for the one-row kernel.
-            per = per.next_multiple_of(PANELS1);
-        }
-        let out_ptr = SendPtr(out.as_mut_ptr());
-        let out_ptr = &out_ptr;
-        workers.run(chunks, |c| {
-            let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
-            let mut p = p0;
-            // One row (a batch-1 decode): several panels at once.
-            while m == 1 && p + PANELS1 <= p1 {
-                self.panels_one_row(xs, p, out_ptr.0);
-                p += PANELS1;
+        crate::attn::f32_tensor(&[m as i64, self.n as i64], |out| {
+            let panels = self.n.div_ceil(NR);
+            // Contiguous runs of panels, a few per thread so the work balances.
+            let chunks = (workers.threads() * 4).clamp(1, panels);
+            let mut per = panels.div_ceil(chunks);
+            if m == 1 {
+                // Whole groups of panels for the one-row kernel.
+                per = per.next_multiple_of(PANELS1);
             }
-            for p in p..p1 {
-                // Each chunk writes only its own panels' columns.
-                self.panel(xs, m, p, out_ptr.0);
-            }
-        });
-        Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
+            let out_ptr = SendPtr(out.as_mut_ptr());
+            let out_ptr = &out_ptr;
+            workers.run(chunks, |c| {
+                let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
+                let mut p = p0;
+                // One row (a batch-1 decode): several panels at once.
+                while m == 1 && p + PANELS1 <= p1 {
+                    self.panels_one_row(xs, p, out_ptr.0);
+                    p += PANELS1;
+                }
+                for p in p..p1 {
+                    // Each chunk writes only its own panels' columns.
+                    self.panel(xs, m, p, out_ptr.0);
+                }
+            });
+        })
     }
 
     /// Columns `p*NR .. (p + PANELS1)*NR` of a one-row output (the caller

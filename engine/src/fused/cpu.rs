@@ -7,7 +7,7 @@
 use tch::Tensor;
 
 use crate::EngineError;
-use crate::attn::f32_view;
+use crate::attn::{f32_tensor, f32_view};
 
 fn rows_of(x: &Tensor) -> (usize, usize) {
     let width = x.size().last().copied().unwrap_or(0).max(0) as usize;
@@ -89,7 +89,11 @@ pub(crate) fn rope_kv(
     }
     let (kp, vp) = (pool_ptr(k_cache)?, pool_ptr(v_cache)?);
     let half = d / 2;
-    let mut q = vec![0f32; n * h * d];
+    let q_out = Tensor::f_zeros(
+        [n as i64, heads, head_dim],
+        (tch::Kind::Float, tch::Device::Cpu),
+    )?;
+    let qp = pool_ptr(&q_out)?;
     let mut rotated = vec![0f32; d];
     for t in 0..n {
         let row = &a[t * width..(t + 1) * width];
@@ -107,7 +111,12 @@ pub(crate) fn rope_kv(
                 x
             };
             if head < h {
-                q[(t * h + head) * d..(t * h + head + 1) * d].copy_from_slice(out);
+                #[allow(unsafe_code)]
+                // SAFETY: `qp` is the data of the fresh contiguous float32
+                // tensor [n, heads, head_dim] made above; t < n, head < h.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(out.as_ptr(), qp.add((t * h + head) * d), d);
+                }
                 continue;
             }
             let (dst, kv) = if head < h + kvh {
@@ -126,7 +135,7 @@ pub(crate) fn rope_kv(
             }
         }
     }
-    Ok(Tensor::from_slice(&q).f_view([n as i64, heads, head_dim])?)
+    Ok(q_out)
 }
 
 fn pool_ptr(t: &Tensor) -> Result<*mut f32, EngineError> {
@@ -142,14 +151,14 @@ pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
         return Err(EngineError::Step("silu_mul: shapes do not agree".into()));
     }
     let a = f32_view(gu)?;
-    let mut out = vec![0f32; n * i];
-    for (r, o) in out.chunks_mut(i.max(1)).enumerate().take(n) {
-        let (g, u) = a[r * width..(r + 1) * width].split_at(i);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + (-g).exp()) * u;
+    f32_tensor(&[n as i64, inter], |out| {
+        for (r, o) in out.chunks_mut(i.max(1)).enumerate().take(n) {
+            let (g, u) = a[r * width..(r + 1) * width].split_at(i);
+            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                *o = g / (1.0 + (-g).exp()) * u;
+            }
         }
-    }
-    Ok(Tensor::from_slice(&out).f_view([n as i64, inter])?)
+    })
 }
 
 #[cfg(test)]

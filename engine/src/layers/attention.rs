@@ -203,15 +203,14 @@ fn attend_stored(
                 .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
             softcap: lg.softcap.map(|c| c as f32),
         };
-        let out = attn::decode(
+        let (qs, ks, vs) = (
             attn::f32_view(&qc)?,
             attn::f32_view(kc)?,
             attn::f32_view(vc)?,
-            &decodes,
-            heads,
-            Some(&be.pool),
         );
-        let d = Tensor::from_slice(&out).f_view([decodes.len() as i64, p.heads, p.head_dim])?;
+        let d = attn::f32_tensor(&[decodes.len() as i64, p.heads, p.head_dim], |out| {
+            attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
+        })?;
         // Only decodes (the common step): the kernel's output is it.
         if decodes.len() == b.seqs.len() {
             return Ok(d.f_view([n, width])?);

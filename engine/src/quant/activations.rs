@@ -18,11 +18,11 @@ pub(super) enum Rows<'a> {
 /// is the block's sum as the quants give it (for Q4_1's mins).
 pub(super) struct QuantizedRows {
     blocks: usize,
-    q: Vec<i8>,
-    d: Vec<f32>,
-    sum: Vec<i32>,
-    sx: Vec<f32>,
-    residual: Option<(Vec<i8>, Vec<i32>)>,
+    pub(super) q: Vec<i8>,
+    pub(super) d: Vec<f32>,
+    pub(super) sum: Vec<i32>,
+    pub(super) sx: Vec<f32>,
+    pub(super) residual: Option<(Vec<i8>, Vec<i32>)>,
 }
 
 /// One block of [`QuantizedRows`].
@@ -146,8 +146,128 @@ impl QuantizedRows {
 
 /// The quantizer proper over some rows: `x`'s 32-blocks into `q` (and the
 /// residual's quants), the blocks' scales `d`, sums of quants `sum` and
-/// sums as the quants give them `sx` (see [`QuantizedRows::new`]).
+/// sums as the quants give them `sx` (see [`QuantizedRows::new`]). With
+/// AVX-512 (F and BW) a block at a time in vectors, the same operations
+/// per value, so the result is the scalar one's to the bit.
 fn quantize(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum: &mut [i32],
+    sx: &mut [f32],
+    res: Option<(&mut [i8], &mut [i32])>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX512BW {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F and BW (checked at run time).
+        unsafe {
+            quantize_avx512(x, q, d, sum, sx, res)
+        };
+        return;
+    }
+    quantize_scalar(x, q, d, sum, sx, res);
+}
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX512BW: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+});
+
+/// [`quantize`] in AVX-512: per block, `amax` by a max over the two
+/// vectors (exact in any order), `x * inv` and the residual's
+/// `(x - dx q) * inv2` as the scalar code forms them (no fused
+/// multiply-add), and [`round_i8`]'s truncate-and-step with NaN to 0 and
+/// the saturation at [-128, 127].
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn quantize_avx512(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum: &mut [i32],
+    sx: &mut [f32],
+    mut res: Option<(&mut [i8], &mut [i32])>,
+) {
+    use std::arch::x86_64::*;
+    /// 16 values' int8 quants as i32 lanes.
+    #[target_feature(enable = "avx512f")]
+    fn round16(v: __m512) -> __m512i {
+        let t = _mm512_cvttps_epi32(v);
+        let frac = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
+        let down = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(frac, _mm512_set1_ps(-0.5));
+        let one = _mm512_set1_epi32(1);
+        let t = _mm512_mask_add_epi32(t, up, t, one);
+        let t = _mm512_mask_sub_epi32(t, down, t, one);
+        let t = _mm512_max_epi32(
+            _mm512_min_epi32(t, _mm512_set1_epi32(127)),
+            _mm512_set1_epi32(-128),
+        );
+        // `as i32` of NaN is 0 (cvtt gives i32::MIN).
+        _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), t)
+    }
+    let blocks = x.len() / QK;
+    assert!(
+        q.len() >= blocks * QK && d.len() >= blocks && sum.len() >= blocks && sx.len() >= blocks
+    );
+    if let Some((q2, s2)) = &res {
+        assert!(q2.len() >= blocks * QK && s2.len() >= blocks);
+    }
+    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+    for i in 0..blocks {
+        // SAFETY: block i's 32 values lie in `x`, `q` and the residual's
+        // quants (asserted above); the stores write 16 bytes each.
+        unsafe {
+            let xp = x.as_ptr().add(i * QK);
+            let (x0, x1) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+            let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), abs_mask));
+            let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), abs_mask));
+            // The scalar fold starts at 0 and skips NaN (f32::max); so
+            // does max_ps with the running value second.
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(
+                _mm512_max_ps(a0, _mm512_setzero_ps()),
+                _mm512_max_ps(a1, _mm512_setzero_ps()),
+            ));
+            let dx = amax / 127.0;
+            let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
+            let vinv = _mm512_set1_ps(inv);
+            let (t0, t1) = (
+                round16(_mm512_mul_ps(x0, vinv)),
+                round16(_mm512_mul_ps(x1, vinv)),
+            );
+            let qp = q.as_mut_ptr().add(i * QK);
+            _mm_storeu_si128(qp.cast(), _mm512_cvtepi32_epi8(t0));
+            _mm_storeu_si128(qp.add(16).cast(), _mm512_cvtepi32_epi8(t1));
+            let s = _mm512_reduce_add_epi32(_mm512_add_epi32(t0, t1));
+            d[i] = dx;
+            sum[i] = s;
+            sx[i] = dx * s as f32;
+            if let Some((q2, sum2)) = &mut res {
+                let inv2 = _mm512_set1_ps(inv / RESIDUAL_STEP);
+                let vdx = _mm512_set1_ps(dx);
+                let r = |xv: __m512, t: __m512i| {
+                    round16(_mm512_mul_ps(
+                        _mm512_sub_ps(xv, _mm512_mul_ps(vdx, _mm512_cvtepi32_ps(t))),
+                        inv2,
+                    ))
+                };
+                let (u0, u1) = (r(x0, t0), r(x1, t1));
+                let rp = q2.as_mut_ptr().add(i * QK);
+                _mm_storeu_si128(rp.cast(), _mm512_cvtepi32_epi8(u0));
+                _mm_storeu_si128(rp.add(16).cast(), _mm512_cvtepi32_epi8(u1));
+                let s2 = _mm512_reduce_add_epi32(_mm512_add_epi32(u0, u1));
+                sum2[i] = s2;
+                sx[i] += dx * RESIDUAL_STEP * s2 as f32;
+            }
+        }
+    }
+}
+
+/// [`quantize`] a value at a time.
+fn quantize_scalar(
     x: &[f32],
     q: &mut [i8],
     d: &mut [f32],
@@ -225,6 +345,52 @@ mod tests {
             assert_eq!(a.sx, b.sx);
             assert_eq!(a.residual, b.residual);
             assert!(a.q.iter().any(|&v| v != 0));
+        }
+    }
+
+    /// The vector quantizer gives the scalar one's quants, scales and sums
+    /// to the bit: random blocks, all-zero and constant blocks, blocks
+    /// with values at exact halves of the step, and a NaN.
+    #[test]
+    fn vector_and_scalar_quantizers_agree_exactly() {
+        let k = 32 * 64;
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut x: Vec<f32> = (0..k)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            })
+            .collect();
+        x[32..64].fill(0.0);
+        x[64..96].fill(-1.25);
+        for (j, v) in x[96..128].iter_mut().enumerate() {
+            *v = (j as f32 - 16.0) * 0.5;
+        }
+        x[130] = f32::NAN;
+        for residual in [false, true] {
+            let blocks = k / super::QK;
+            let run = |vector: bool| {
+                let mut q = vec![0i8; k];
+                let (mut d, mut sum, mut sx) =
+                    (vec![0f32; blocks], vec![0i32; blocks], vec![0f32; blocks]);
+                let mut r = residual.then(|| (vec![0i8; k], vec![0i32; blocks]));
+                let rr = r.as_mut().map(|(a, b)| (&mut a[..], &mut b[..]));
+                if vector {
+                    super::quantize(&x, &mut q, &mut d, &mut sum, &mut sx, rr);
+                } else {
+                    super::quantize_scalar(&x, &mut q, &mut d, &mut sum, &mut sx, rr);
+                }
+                (
+                    q,
+                    d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    sum,
+                    sx.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    r,
+                )
+            };
+            assert!(run(false) == run(true), "residual {residual}");
         }
     }
 

@@ -83,6 +83,9 @@ unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
     }
 }
 
+/// The int8 kernel's tile, picked by whether the activations carry the
+/// rounding residual and whether the format has mins (Q4_1), so that the
+/// row loop of the kernel is free of branches.
 #[target_feature(enable = "avx512f,avx512vnni")]
 unsafe fn int8<const R: usize>(
     w: &QuantMatrix,
@@ -91,27 +94,69 @@ unsafe fn int8<const R: usize>(
     g: usize,
     tile: &mut [[f32; NG]; MR],
 ) {
+    let res = x.residual.is_some();
+    let mins = w.fmt == Format::Q4_1;
+    // SAFETY: as the caller's.
+    unsafe {
+        match (res, mins) {
+            (true, true) => int8_rows::<R, true, true>(w, x, r0, g, tile),
+            (true, false) => int8_rows::<R, true, false>(w, x, r0, g, tile),
+            (false, true) => int8_rows::<R, false, true>(w, x, r0, g, tile),
+            (false, false) => int8_rows::<R, false, false>(w, x, r0, g, tile),
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + R` of the int8 kernel over group `g`: per block, the
+/// group's quants are loaded once and each row's block dot product (and
+/// its residual's, with `RES`) scaled into that row's accumulator, which
+/// stays in a register across the blocks.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
+    w: &QuantMatrix,
+    x: &QuantizedRows,
+    r0: usize,
+    g: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
     let fmt = w.fmt;
     let off = fmt.offset();
+    let blocks = w.blocks();
+    let k = blocks * super::QK;
+    assert!(R <= MR && (r0 + R) * k <= x.q.len() && (r0 + R) * blocks <= x.d.len());
+    assert!(x.sum.len() == x.d.len() && x.sx.len() == x.d.len());
+    let (q2, sum2) = match &x.residual {
+        Some((q2, s2)) => {
+            assert!(q2.len() == x.q.len() && s2.len() == x.d.len());
+            (q2.as_ptr(), s2.as_ptr())
+        }
+        None => {
+            assert!(!RES);
+            (std::ptr::null(), std::ptr::null())
+        }
+    };
     let mut acc = [_mm512_setzero_ps(); R];
-    for b in 0..w.blocks() {
+    let step = _mm512_set1_ps(RESIDUAL_STEP);
+    for b in 0..blocks {
         let gb = w.group_block(g, b).as_ptr();
-        // SAFETY: `gb` is a whole group-block.
-        let (wq, (d, m)) = unsafe { (quants(fmt, gb), scales(fmt, gb)) };
-        for (r, a) in acc.iter_mut().enumerate() {
-            let xb = x.block(r0 + r, b);
-            // SAFETY: xb.q (and the residual's) hold 32 int8.
-            let isum = unsafe { block_dot(&wq, xb.q, xb.sum, off) };
-            let scale = _mm512_mul_ps(d, _mm512_set1_ps(xb.dx));
-            *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
-            if let Some((q2, sum2)) = xb.residual {
-                // SAFETY: as above.
-                let isum2 = unsafe { block_dot(&wq, q2, sum2, off) };
-                let scale2 = _mm512_mul_ps(scale, _mm512_set1_ps(RESIDUAL_STEP));
-                *a = _mm512_fmadd_ps(scale2, _mm512_cvtepi32_ps(isum2), *a);
-            }
-            if fmt == Format::Q4_1 {
-                *a = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.sx), *a);
+        // SAFETY: `gb` is a whole group-block; every row index below is
+        // `(r0 + r) * blocks + b` for r < R, within the arrays (asserted
+        // above), and a row's quants start at `i * 32` with 32 of them.
+        unsafe {
+            let wq = quants(fmt, gb);
+            let (d, m) = scales(fmt, gb);
+            for (r, a) in acc.iter_mut().enumerate() {
+                let i = (r0 + r) * blocks + b;
+                let isum = block_dot(&wq, x.q.as_ptr().add(i * 32), *x.sum.get_unchecked(i), off);
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.d.get_unchecked(i)));
+                *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
+                if RES {
+                    let isum2 = block_dot(&wq, q2.add(i * 32), *sum2.add(i), off);
+                    *a = _mm512_fmadd_ps(_mm512_mul_ps(scale, step), _mm512_cvtepi32_ps(isum2), *a);
+                }
+                if MINS {
+                    *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*x.sx.get_unchecked(i)), *a);
+                }
             }
         }
     }
@@ -122,12 +167,12 @@ unsafe fn int8<const R: usize>(
 }
 
 /// The 16 columns' integer dot products of one block with the int8
-/// activations `xq` (32 values summing to `xsum`), the quants' `off` taken
-/// off: exact, so the two chains (even and odd k quads) may be in any order.
+/// activations at `xq` (32 values summing to `xsum`), the quants' `off`
+/// taken off: exact, so the two chains (even and odd k quads) may be in
+/// any order. `xq` must address 32 readable bytes.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn block_dot(wq: &[__m512i; 8], xq: &[i8], xsum: i32, off: i32) -> __m512i {
-    debug_assert!(xq.len() >= 32);
-    let xp = xq.as_ptr().cast::<i32>();
+unsafe fn block_dot(wq: &[__m512i; 8], xq: *const i8, xsum: i32, off: i32) -> __m512i {
+    let xp = xq.cast::<i32>();
     let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for q in (0..8).step_by(2) {
         // SAFETY: xq holds 32 int8, read 4 at a time (q + 1 < 8).

@@ -270,9 +270,9 @@ impl QuantMatrix {
     ) -> Result<Tensor, EngineError> {
         let (x, m) = crate::gemm::input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
-        let mut out = vec![0f32; m * self.n];
-        self.matmul(xs, m, acts, simd(), workers, &mut out);
-        Ok(Tensor::from_slice(&out).f_view([m as i64, self.n as i64])?)
+        crate::attn::f32_tensor(&[m as i64, self.n as i64], |out| {
+            self.matmul(xs, m, acts, simd(), workers, out)
+        })
     }
 
     /// `out` [m, n] = `x` [m, k] W^T, with the SIMD kernels when `simd`.
@@ -426,3 +426,59 @@ struct SendPtr(*mut f32);
 unsafe impl Sync for SendPtr {}
 #[allow(unsafe_code)]
 unsafe impl Send for SendPtr {}
+
+/// Times `x W^T` with a random weight of `fmt` ([n, k]) against f32
+/// activations [m, k], for each kind of activations, on `threads` workers:
+/// `(activations, mean ms per call)`, after one warm-up call. For
+/// profiling the kernels (`engine/examples/quantmm.rs`), not a test.
+pub fn time_matmul(
+    fmt: crate::gguf::GgmlType,
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+    iters: usize,
+) -> Result<Vec<(Activations, f64)>, EngineError> {
+    let fmt = Format::of(fmt)
+        .ok_or_else(|| EngineError::Unsupported(format!("{fmt:?} is not kept quantized")))?;
+    if !k.is_multiple_of(QK) || n == 0 || m == 0 {
+        return Err(EngineError::Step(format!("bad shape n {n} k {k} m {m}")));
+    }
+    let (bytes, qk) = (
+        fmt.ggml().block().1,
+        if fmt == Format::Q8_0 { QK } else { QK / 2 },
+    );
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        (seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+    };
+    let mut data = Vec::with_capacity(n * k / QK * bytes);
+    for _ in 0..n * k / QK {
+        data.extend(0x2400u16.to_le_bytes());
+        if fmt == Format::Q4_1 {
+            data.extend(0xa400u16.to_le_bytes());
+        }
+        data.extend((0..qk).map(|_| next()));
+    }
+    let w = QuantMatrix::new(&QuantRows::new(fmt, n, k, data).map_err(EngineError::Step)?);
+    let x: Vec<f32> = (0..m * k).map(|_| f32::from(next()) / 64.0 - 2.0).collect();
+    let workers = crate::gemm::Workers::new(threads)?;
+    let mut out = vec![0f32; m * n];
+    let mut res = Vec::new();
+    for acts in [
+        Activations::Int8,
+        Activations::Int8Residual,
+        Activations::F32,
+    ] {
+        w.matmul(&x, m, acts, simd(), &workers, &mut out);
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            w.matmul(&x, m, acts, simd(), &workers, &mut out);
+        }
+        res.push((acts, t.elapsed().as_secs_f64() * 1e3 / iters as f64));
+    }
+    Ok(res)
+}

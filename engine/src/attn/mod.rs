@@ -14,6 +14,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 /// One decoding sequence: its query row in the packed batch and the pool
 /// slots of all its positions (the new token's slot last).
 pub(crate) struct DecodeSeq<'a> {
@@ -53,10 +56,32 @@ pub(crate) fn f32_view(t: &Tensor) -> Result<&[f32], EngineError> {
     Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, n) })
 }
 
+/// A new float32 CPU tensor of `shape`, zeroed, with `fill` run on its
+/// memory: the kernels write their outputs in place instead of into a
+/// vector that is then copied into a tensor.
+#[allow(unsafe_code)]
+pub(crate) fn f32_tensor(
+    shape: &[i64],
+    fill: impl FnOnce(&mut [f32]),
+) -> Result<Tensor, EngineError> {
+    let t = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?;
+    let n = t.numel();
+    if n == 0 {
+        fill(&mut []);
+        return Ok(t);
+    }
+    // SAFETY: `t` is a fresh contiguous float32 CPU tensor of `n`
+    // (initialised) elements that nothing else references until it is
+    // returned, after `fill`'s borrow ends.
+    fill(unsafe { std::slice::from_raw_parts_mut(t.data_ptr().cast::<f32>(), n) });
+    Ok(t)
+}
+
 /// Attention output [seqs.len(), heads, head_dim] (row-major) of each
 /// sequence's query (`q`: [rows, heads, head_dim]) over keys and values
 /// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots, split over
 /// `workers` (the linear layers' threads) when there is enough of it.
+#[cfg(test)]
 pub(crate) fn decode(
     q: &[f32],
     k: &[f32],
@@ -65,8 +90,27 @@ pub(crate) fn decode(
     h: Heads,
     workers: Option<&crate::workers::Workers>,
 ) -> Vec<f32> {
+    let mut out = vec![0f32; seqs.len() * h.heads * h.head_dim];
+    decode_into(q, k, v, seqs, h, workers, &mut out);
+    out
+}
+
+/// [`decode`] into `out` (seqs.len() * heads * head_dim floats).
+pub(crate) fn decode_into(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &[DecodeSeq<'_>],
+    h: Heads,
+    workers: Option<&crate::workers::Workers>,
+    out: &mut [f32],
+) {
     let per_seq = h.heads * h.head_dim;
-    let mut out = vec![0f32; seqs.len() * per_seq];
+    assert_eq!(
+        out.len(),
+        seqs.len() * per_seq,
+        "decode attention: output size"
+    );
     // Split the sequences across threads by the number of keys they read,
     // but only when there is enough work to pay for the hand-off.
     let keys: usize = seqs.iter().map(|s| s.slots.len()).sum();
@@ -82,7 +126,7 @@ pub(crate) fn decode(
             for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
                 one_seq(q, k, v, s, h, o);
             }
-            return out;
+            return;
         }
     };
     // Contiguous runs of sequences with about equal numbers of keys: part
@@ -111,7 +155,6 @@ pub(crate) fn decode(
             one_seq(q, k, v, s, h, o);
         }
     });
-    out
 }
 
 /// The output buffer, shared by the parts that write disjoint ranges of it.
@@ -125,6 +168,19 @@ unsafe impl Sync for OutPtr {}
 /// (the choice is per machine, so results never depend on the batch).
 fn one_seq(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX512 {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU supports AVX-512F (checked at run time).
+        if unsafe { avx512::one_seq(q, k, v, s, h, out) } {
+            return;
+        }
+    }
+    one_seq_portable(q, k, v, s, h, out);
+}
+
+/// [`one_seq`] without the AVX-512 kernel: any head dim.
+fn one_seq_portable(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
     if *HAS_AVX2_FMA {
         #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
@@ -135,6 +191,10 @@ fn one_seq(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &m
     }
     one_seq_body(q, k, v, s, h, out);
 }
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX512: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
 
 #[cfg(target_arch = "x86_64")]
 static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
@@ -163,25 +223,7 @@ fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, ou
                 scores[i * t + j] = dot(qh, key) * scale;
             }
         }
-        if let Some(cap) = h.softcap {
-            for x in scores.iter_mut() {
-                *x = (*x / cap).tanh() * cap;
-            }
-        }
-        for row in scores.chunks_exact_mut(t) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for x in row.iter_mut() {
-                *x = exp(*x - max);
-            }
-            for x in row.iter() {
-                sum += *x;
-            }
-            let inv = 1.0 / sum;
-            for x in row.iter_mut() {
-                *x *= inv;
-            }
-        }
+        softmax_rows(&mut scores, t, h.softcap);
         let og = &mut out[g * group * hd..][..group * hd];
         og.fill(0.0);
         for (j, &slot) in s.slots.iter().enumerate() {
@@ -189,6 +231,32 @@ fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, ou
             for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
                 axpy(oh, scores[i * t + j], val);
             }
+        }
+    }
+}
+
+/// Each row (`t` scores) of `scores` soft-capped (when `softcap`) and
+/// turned into its softmax, in place. Inlined, so it is compiled with the
+/// caller's target features.
+#[inline(always)]
+fn softmax_rows(scores: &mut [f32], t: usize, softcap: Option<f32>) {
+    if let Some(cap) = softcap {
+        for x in scores.iter_mut() {
+            *x = (*x / cap).tanh() * cap;
+        }
+    }
+    for row in scores.chunks_exact_mut(t) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in row.iter_mut() {
+            *x = exp(*x - max);
+        }
+        for x in row.iter() {
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in row.iter_mut() {
+            *x *= inv;
         }
     }
 }
@@ -406,6 +474,63 @@ mod tests {
                     "seq {i} pool {}: max diff {diff}",
                     pool.is_some()
                 );
+            }
+        }
+    }
+
+    /// Both ways of one sequence (the AVX-512 kernel where the CPU and head
+    /// dim allow, and the portable body) agree with libtorch's SDPA on the
+    /// gathered keys, for every head dim the AVX-512 kernel takes and one
+    /// it does not, odd and even numbers of keys.
+    #[test]
+    fn both_paths_match_sdpa_for_every_head_dim() {
+        tch::manual_seed(13);
+        for hd in [16i64, 32, 64, 80, 128] {
+            let (nh, nkv, slots) = (6i64, 2i64, 300i64);
+            let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+            let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+            let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 2.0;
+            let h = Heads {
+                heads: nh as usize,
+                kv_heads: nkv as usize,
+                head_dim: hd as usize,
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap: None,
+            };
+            for len in [1usize, 2, 7, 64, 299] {
+                let table: Vec<i64> = (0..len as i64).map(|j| (j * 37 + 5) % slots).collect();
+                let s = DecodeSeq {
+                    row: 0,
+                    slots: &table,
+                };
+                let idx = Tensor::from_slice(&table);
+                let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                let vv = v.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                let qq = q.transpose(0, 1).unsqueeze(0);
+                let want = Tensor::scaled_dot_product_attention::<Tensor>(
+                    &qq, &kk, &vv, None, 0.0, false, None, true,
+                )
+                .squeeze_dim(0)
+                .transpose(0, 1)
+                .contiguous();
+                let want = f32_view(&want).expect("want").to_vec();
+                let (qs, ks, vs) = (
+                    f32_view(&q).expect("q"),
+                    f32_view(&k).expect("k"),
+                    f32_view(&v).expect("v"),
+                );
+                let mut fast = vec![0f32; (nh * hd) as usize];
+                let mut portable = fast.clone();
+                one_seq(qs, ks, vs, &s, h, &mut fast);
+                one_seq_portable(qs, ks, vs, &s, h, &mut portable);
+                for (name, got) in [("dispatched", &fast), ("portable", &portable)] {
+                    let diff = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(diff < 2e-5, "hd {hd}, {len} keys, {name}: max diff {diff}");
+                }
             }
         }
     }

@@ -1,0 +1,105 @@
+//! The decode attention of one sequence with AVX-512, for head dims of 16,
+//! 32, 64 and 128 (one to eight 16-float vectors per head). The same three
+//! passes as the portable body (scores, softmax, weighted sum of values),
+//! with the head's vectors held in registers: each score is one
+//! vector product reduced once, and the values are summed into register
+//! accumulators (two keys in flight) instead of a row in memory.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{DecodeSeq, Heads, softmax_rows};
+
+/// Runs the sequence's attention when its head dim is one of the sizes
+/// above, and says whether it did. The caller checked the CPU for
+/// AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(super) fn one_seq(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    out: &mut [f32],
+) -> bool {
+    match h.head_dim {
+        16 => body::<1>(q, k, v, s, h, out),
+        32 => body::<2>(q, k, v, s, h, out),
+        64 => body::<4>(q, k, v, s, h, out),
+        128 => body::<8>(q, k, v, s, h, out),
+        _ => return false,
+    }
+    true
+}
+
+/// One head's `V` vectors at `p`.
+#[inline(always)]
+fn load<const V: usize>(row: &[f32]) -> [__m512; V] {
+    assert!(row.len() >= 16 * V);
+    // SAFETY: `row` holds 16 * V floats (checked above); AVX-512F is
+    // enabled in every caller.
+    std::array::from_fn(|c| unsafe { _mm512_loadu_ps(row.as_ptr().add(16 * c)) })
+}
+
+#[target_feature(enable = "avx512f")]
+fn body<const V: usize>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    out: &mut [f32],
+) {
+    let hd = 16 * V;
+    let group = h.heads / h.kv_heads;
+    let t = s.slots.len();
+    let mut scores = vec![0f32; group * t];
+    let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
+    let row_of = |slot: i64, g: usize| (slot as usize * h.kv_heads + g) * hd;
+    for g in 0..h.kv_heads {
+        let qg = &qrow[g * group * hd..][..group * hd];
+        for (j, &slot) in s.slots.iter().enumerate() {
+            let key = load::<V>(&k[row_of(slot, g)..][..hd]);
+            for (i, qh) in qg.chunks_exact(hd).enumerate() {
+                let qv = load::<V>(qh);
+                let mut a = _mm512_mul_ps(qv[0], key[0]);
+                for c in 1..V {
+                    a = _mm512_fmadd_ps(qv[c], key[c], a);
+                }
+                scores[i * t + j] = _mm512_reduce_add_ps(a) * h.scale;
+            }
+        }
+        softmax_rows(&mut scores, t, h.softcap);
+        let og = &mut out[g * group * hd..][..group * hd];
+        for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
+            let p = &scores[i * t..][..t];
+            let mut a0 = [_mm512_setzero_ps(); V];
+            let mut a1 = [_mm512_setzero_ps(); V];
+            let mut pairs = s.slots.chunks_exact(2);
+            for (jj, pair) in pairs.by_ref().enumerate() {
+                let v0 = load::<V>(&v[row_of(pair[0], g)..][..hd]);
+                let v1 = load::<V>(&v[row_of(pair[1], g)..][..hd]);
+                let (p0, p1) = (_mm512_set1_ps(p[2 * jj]), _mm512_set1_ps(p[2 * jj + 1]));
+                for c in 0..V {
+                    a0[c] = _mm512_fmadd_ps(p0, v0[c], a0[c]);
+                    a1[c] = _mm512_fmadd_ps(p1, v1[c], a1[c]);
+                }
+            }
+            if let [last] = pairs.remainder() {
+                let vl = load::<V>(&v[row_of(*last, g)..][..hd]);
+                let pl = _mm512_set1_ps(p[t - 1]);
+                for c in 0..V {
+                    a0[c] = _mm512_fmadd_ps(pl, vl[c], a0[c]);
+                }
+            }
+            assert!(oh.len() >= hd);
+            for c in 0..V {
+                // SAFETY: `oh` holds hd = 16 * V floats (checked above).
+                unsafe {
+                    _mm512_storeu_ps(oh.as_mut_ptr().add(16 * c), _mm512_add_ps(a0[c], a1[c]))
+                };
+            }
+        }
+    }
+}
