@@ -15,24 +15,29 @@ pub(super) enum Rows<'a> {
 /// Activations quantized per 32-block: int8 quants `q`, the block's scale
 /// `dx` and the sum of its quants; with `residual`, also the rounding
 /// residual `x - dx q` quantized to int8 at `dx / 128` (and its sum). `sx`
-/// is the block's sum as the quants give it (for Q4_1's mins).
+/// is the block's sum as the quants give them (for Q4_1's mins). What the
+/// kernels read per block besides the quants is folded ahead: `scale`, the
+/// value of one unit of the block's combined integer dot product (`dx`, or
+/// `dx / 128` with the residual, whose dot product is `128 q.w + q2.w`),
+/// and `corr`, the weights' offset times the matching combination of the
+/// quants' sums (`off * sum`, or `off * (128 sum + sum2)`).
 pub(super) struct QuantizedRows {
     blocks: usize,
     pub(super) q: Vec<i8>,
-    pub(super) d: Vec<f32>,
-    pub(super) sum: Vec<i32>,
     pub(super) sx: Vec<f32>,
     pub(super) residual: Option<(Vec<i8>, Vec<i32>)>,
+    pub(super) scale: Vec<f32>,
+    pub(super) corr: Vec<i32>,
 }
 
 /// One block of [`QuantizedRows`].
 pub(super) struct QuantBlock<'a> {
     pub(super) q: &'a [i8],
-    pub(super) dx: f32,
-    pub(super) sum: i32,
+    /// The residual's quants.
+    pub(super) q2: Option<&'a [i8]>,
+    pub(super) scale: f32,
+    pub(super) corr: i32,
     pub(super) sx: f32,
-    /// The residual's quants and their sum.
-    pub(super) residual: Option<(&'a [i8], i32)>,
 }
 
 /// The residual's step relative to the block's (a power of two, so that
@@ -61,6 +66,7 @@ impl QuantizedRows {
         m: usize,
         k: usize,
         residual: bool,
+        off: i32,
         workers: Option<&crate::workers::Workers>,
     ) -> Self {
         let blocks = k / QK;
@@ -118,13 +124,23 @@ impl QuantizedRows {
             _ => (0..jobs.len()).for_each(run),
         }
         drop(jobs);
+        let (scale, corr) = match &res {
+            Some((_, sum2)) => (
+                d.iter().map(|&dx| dx * RESIDUAL_STEP).collect(),
+                sum.iter()
+                    .zip(sum2)
+                    .map(|(&s, &s2)| off * (128 * s + s2))
+                    .collect(),
+            ),
+            None => (d.clone(), sum.iter().map(|&s| off * s).collect()),
+        };
         Self {
             blocks,
             q,
-            d,
-            sum,
             sx,
             residual: res,
+            scale,
+            corr,
         }
     }
 
@@ -133,13 +149,10 @@ impl QuantizedRows {
         let i = r * self.blocks + b;
         QuantBlock {
             q: &self.q[i * QK..][..QK],
-            dx: self.d[i],
-            sum: self.sum[i],
+            q2: self.residual.as_ref().map(|(q2, _)| &q2[i * QK..][..QK]),
+            scale: self.scale[i],
+            corr: self.corr[i],
             sx: self.sx[i],
-            residual: self
-                .residual
-                .as_ref()
-                .map(|(q2, s2)| (&q2[i * QK..][..QK], s2[i])),
         }
     }
 }
@@ -337,13 +350,13 @@ mod tests {
             .collect();
         let workers = crate::workers::Workers::new(2).expect("workers");
         for residual in [false, true] {
-            let a = super::QuantizedRows::new(&x, m, k, residual, None);
-            let b = super::QuantizedRows::new(&x, m, k, residual, Some(&workers));
+            let a = super::QuantizedRows::new(&x, m, k, residual, 128, None);
+            let b = super::QuantizedRows::new(&x, m, k, residual, 128, Some(&workers));
             assert_eq!(a.q, b.q);
-            assert_eq!(a.d, b.d);
-            assert_eq!(a.sum, b.sum);
             assert_eq!(a.sx, b.sx);
             assert_eq!(a.residual, b.residual);
+            assert_eq!(a.corr, b.corr);
+            assert_eq!(a.scale, b.scale);
             assert!(a.q.iter().any(|&v| v != 0));
         }
     }

@@ -8,7 +8,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{F32Rows, Format, MR, NG, QuantMatrix, QuantizedRows, RESIDUAL_STEP, Rows};
+use super::{F32Rows, Format, MR, NG, QuantMatrix, QuantizedRows, Rows};
 
 /// One tile of `n_rows` rows from `r0`, columns of group `g`. The caller
 /// checked the CPU (`super::available`).
@@ -108,9 +108,10 @@ unsafe fn int8<const R: usize>(
 }
 
 /// Rows `r0 .. r0 + R` of the int8 kernel over group `g`: per block, the
-/// group's quants are loaded once and each row's block dot product (and
-/// its residual's, with `RES`) scaled into that row's accumulator, which
-/// stays in a register across the blocks.
+/// group's quants are loaded once and, for each row, one chain of integer
+/// dot products (`q.w`, then with `RES` times 128 plus `q2.w`), less the
+/// row-block's `corr`, is scaled into that row's accumulator, which stays
+/// in a register across the blocks.
 #[target_feature(enable = "avx512f,avx512vnni")]
 unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
     w: &QuantMatrix,
@@ -120,40 +121,40 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
     tile: &mut [[f32; NG]; MR],
 ) {
     let fmt = w.fmt;
-    let off = fmt.offset();
     let blocks = w.blocks();
     let k = blocks * super::QK;
-    assert!(R <= MR && (r0 + R) * k <= x.q.len() && (r0 + R) * blocks <= x.d.len());
-    assert!(x.sum.len() == x.d.len() && x.sx.len() == x.d.len());
-    let (q2, sum2) = match &x.residual {
-        Some((q2, s2)) => {
-            assert!(q2.len() == x.q.len() && s2.len() == x.d.len());
-            (q2.as_ptr(), s2.as_ptr())
+    let n_blocks = (r0 + R) * blocks;
+    assert!(R <= MR && (r0 + R) * k <= x.q.len());
+    assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
+    let q2 = match &x.residual {
+        Some((q2, _)) => {
+            assert!(q2.len() == x.q.len());
+            q2.as_ptr()
         }
         None => {
             assert!(!RES);
-            (std::ptr::null(), std::ptr::null())
+            std::ptr::null()
         }
     };
     let mut acc = [_mm512_setzero_ps(); R];
-    let step = _mm512_set1_ps(RESIDUAL_STEP);
     for b in 0..blocks {
         let gb = w.group_block(g, b).as_ptr();
-        // SAFETY: `gb` is a whole group-block; every row index below is
-        // `(r0 + r) * blocks + b` for r < R, within the arrays (asserted
-        // above), and a row's quants start at `i * 32` with 32 of them.
+        // SAFETY: `gb` is a whole group-block; every row-block index below
+        // is `(r0 + r) * blocks + b` < n_blocks for r < R, within the
+        // arrays (asserted above), and a row-block's quants are the 32 at
+        // `i * 32`.
         unsafe {
             let wq = quants(fmt, gb);
             let (d, m) = scales(fmt, gb);
             for (r, a) in acc.iter_mut().enumerate() {
                 let i = (r0 + r) * blocks + b;
-                let isum = block_dot(&wq, x.q.as_ptr().add(i * 32), *x.sum.get_unchecked(i), off);
-                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.d.get_unchecked(i)));
-                *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
+                let mut isum = dot_chain(_mm512_setzero_si512(), &wq, x.q.as_ptr().add(i * 32));
                 if RES {
-                    let isum2 = block_dot(&wq, q2.add(i * 32), *sum2.add(i), off);
-                    *a = _mm512_fmadd_ps(_mm512_mul_ps(scale, step), _mm512_cvtepi32_ps(isum2), *a);
+                    isum = dot_chain(_mm512_slli_epi32::<7>(isum), &wq, q2.add(i * 32));
                 }
+                let isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*x.corr.get_unchecked(i)));
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.scale.get_unchecked(i)));
+                *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
                 if MINS {
                     *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*x.sx.get_unchecked(i)), *a);
                 }
@@ -166,21 +167,19 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
     }
 }
 
-/// The 16 columns' integer dot products of one block with the int8
-/// activations at `xq` (32 values summing to `xsum`), the quants' `off`
-/// taken off: exact, so the two chains (even and odd k quads) may be in
-/// any order. `xq` must address 32 readable bytes.
+/// `acc` plus the 16 columns' integer dot products of one block's
+/// unsigned quants with the int8 activations at `xq` (32 values, read 4 at
+/// a time and broadcast): exact, one chain (the rows of a tile are
+/// independent chains). `xq` must address 32 readable bytes.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn block_dot(wq: &[__m512i; 8], xq: *const i8, xsum: i32, off: i32) -> __m512i {
+unsafe fn dot_chain(mut acc: __m512i, wq: &[__m512i; 8], xq: *const i8) -> __m512i {
     let xp = xq.cast::<i32>();
-    let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-    for q in (0..8).step_by(2) {
-        // SAFETY: xq holds 32 int8, read 4 at a time (q + 1 < 8).
-        let (x0, x1) = unsafe { (xp.add(q).read_unaligned(), xp.add(q + 1).read_unaligned()) };
-        s0 = _mm512_dpbusd_epi32(s0, wq[q], _mm512_set1_epi32(x0));
-        s1 = _mm512_dpbusd_epi32(s1, wq[q + 1], _mm512_set1_epi32(x1));
+    for (q, &wv) in wq.iter().enumerate() {
+        // SAFETY: xq holds 32 int8, read 4 at a time (q < 8).
+        let x4 = unsafe { xp.add(q).read_unaligned() };
+        acc = _mm512_dpbusd_epi32(acc, wv, _mm512_set1_epi32(x4));
     }
-    _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * xsum))
+    acc
 }
 
 #[target_feature(enable = "avx512f")]

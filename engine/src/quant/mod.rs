@@ -16,11 +16,14 @@
 //!   with an f32 scale `dx = max|x| / 127` and the block's sum of quants
 //!   (`Int8`, as llama.cpp does), and by default also the rounding residual,
 //!   to int8 at `dx / 128` (`Int8Residual`). A block's dot product is
-//!   integer (`vpdpbusd` on AVX-512 VNNI), exact; per block,
-//!   `acc += (d * dx) * isum` (and `(d * dx / 128) * isum2` for the
-//!   residual), plus `m * sum x` for Q4_1. The weights' quants are stored
-//!   unsigned (Q8_0's offset by 128, Q4's are 0..15), and the offset is taken
-//!   off with the block's sum of activation quants.
+//!   integer (`vpdpbusd` on AVX-512 VNNI), exact: `isum = q.w`, or with the
+//!   residual `128 q.w + q2.w` in one chain (shifted by 7 between the two),
+//!   the activations in units of `dx / 128`. Per block,
+//!   `acc += (d * scale) * (isum - corr)`, `scale` being `dx` (or
+//!   `dx / 128`), plus `m * sum x` for Q4_1. The weights' quants are stored
+//!   unsigned (Q8_0's offset by 128, Q4's are 0..15); `corr` takes the
+//!   offset off: the offset times the same combination of the activation
+//!   quants' sums.
 //! - `F32`: the block's quants are widened to f32 and multiplied with f32
 //!   activations (`blk = sum q x`, in k order), then `acc += d * blk`
 //!   (+ `m * sum x` for Q4_1). No activation rounding; more instructions.
@@ -36,7 +39,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-use activations::{F32Rows, QuantizedRows, RESIDUAL_STEP, Rows};
+use activations::{F32Rows, QuantizedRows, Rows};
 pub(crate) use rows::QuantRows;
 use tch::Tensor;
 
@@ -286,10 +289,14 @@ impl QuantMatrix {
         out: &mut [f32],
     ) {
         let rows = match acts {
-            Activations::Int8 => Rows::Int8(QuantizedRows::new(x, m, self.k, false, Some(workers))),
-            Activations::Int8Residual => {
-                Rows::Int8(QuantizedRows::new(x, m, self.k, true, Some(workers)))
-            }
+            Activations::Int8 | Activations::Int8Residual => Rows::Int8(QuantizedRows::new(
+                x,
+                m,
+                self.k,
+                acts == Activations::Int8Residual,
+                self.fmt.offset(),
+                Some(workers),
+            )),
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
         };
         let groups = self.n.div_ceil(NG);
@@ -349,7 +356,10 @@ impl QuantMatrix {
         }
     }
 
-    /// The int8 kernel without SIMD, with the same operations per element.
+    /// The int8 kernel without SIMD, with the same operations per element:
+    /// per block, the exact integer dot product `128 q.w + q2.w - corr`
+    /// (`q.w - corr` without the residual), times `d * scale`, added with
+    /// one fused multiply-add (and `m * sx` for Q4_1).
     fn portable_int8(
         &self,
         x: &QuantizedRows,
@@ -358,26 +368,24 @@ impl QuantMatrix {
         g: usize,
         tile: &mut [[f32; NG]; MR],
     ) {
-        let off = self.fmt.offset();
         for (i, t) in tile.iter_mut().enumerate().take(n_rows) {
             let r = r0 + i;
             *t = [0.0; NG];
             for b in 0..self.blocks() {
                 let gb = self.group_block(g, b);
                 let xb = x.block(r, b);
-                let dot = |c: usize, xq: &[i8], xsum: i32| -> i32 {
-                    let d: i32 = (0..QK)
+                let dot = |c: usize, xq: &[i8]| -> i32 {
+                    (0..QK)
                         .map(|kk| i32::from(self.quant(gb, c, kk)) * i32::from(xq[kk]))
-                        .sum();
-                    d - off * xsum
+                        .sum()
                 };
                 for (c, acc) in t.iter_mut().enumerate() {
                     let (d, m) = self.scale_min(gb, c);
-                    let scale = d * xb.dx;
-                    *acc = scale.mul_add(dot(c, xb.q, xb.sum) as f32, *acc);
-                    if let Some((q2, sum2)) = xb.residual {
-                        *acc = (scale * RESIDUAL_STEP).mul_add(dot(c, q2, sum2) as f32, *acc);
+                    let mut isum = dot(c, xb.q);
+                    if let Some(q2) = xb.q2 {
+                        isum = 128 * isum + dot(c, q2);
                     }
+                    *acc = (d * xb.scale).mul_add((isum - xb.corr) as f32, *acc);
                     if self.fmt == Format::Q4_1 {
                         *acc = m.mul_add(xb.sx, *acc);
                     }
