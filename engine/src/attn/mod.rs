@@ -265,7 +265,7 @@ fn softmax_rows(scores: &mut [f32], t: usize, softcap: Option<f32>) {
 /// x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial,
 /// scaled by 2^n through the exponent bits. Branch-free, so it vectorises.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(crate) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     let x = x.max(-87.0);
