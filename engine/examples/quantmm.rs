@@ -2,11 +2,12 @@
 //! a random Q8_0, Q4_0 or Q4_1 weight of SmolLM2-135M's projection shapes,
 //! at the given numbers of activation rows, with int8, int8 + residual and
 //! f32 activations. Mean milliseconds per call and the multiply-adds per
-//! second they reach.
+//! second they reach, with each SIMD kernel this CPU runs (AVX-512 VNNI,
+//! AVX2).
 //!
 //!     cargo run --release -p gyre-engine --example quantmm -- [rows,..] [threads] [iters]
 use gyre_engine::gguf::GgmlType;
-use gyre_engine::internals::time_quant_matmul;
+use gyre_engine::internals::{QuantKernel, time_quant_matmul};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -16,25 +17,32 @@ fn main() {
         .unwrap_or_else(|| vec![1, 16, 512]);
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
-    for fmt in [GgmlType::Q8_0, GgmlType::Q4_1] {
-        for &m in &rows {
-            for (name, n, k) in [
-                ("qkv", 960, 576),
-                ("gate/up", 3072, 576),
-                ("down", 576, 1536),
-            ] {
-                let it = (iters * 64 / m.max(1)).max(3);
-                let times = time_quant_matmul(fmt, n, k, m, threads, it).expect("timing");
-                let line: Vec<String> = times
-                    .iter()
-                    .map(|(acts, ms)| {
-                        format!(
-                            "{acts:?} {ms:.3} ms ({:.1} GMAC/s)",
-                            (m * n * k) as f64 / ms / 1e6
-                        )
-                    })
-                    .collect();
-                println!("{fmt:?} m={m} {name} [{n}x{k}]: {}", line.join(", "));
+    let kernels = [QuantKernel::Avx512Vnni, QuantKernel::Avx2];
+    for kernel in kernels.into_iter().filter(|k| k.runs_here()) {
+        for fmt in [GgmlType::Q8_0, GgmlType::Q4_1] {
+            for &m in &rows {
+                for (name, n, k) in [
+                    ("qkv", 960, 576),
+                    ("gate/up", 3072, 576),
+                    ("down", 576, 1536),
+                ] {
+                    let it = (iters * 64 / m.max(1)).max(3);
+                    let times =
+                        time_quant_matmul(fmt, n, k, m, threads, it, kernel).expect("timing");
+                    let line: Vec<String> = times
+                        .iter()
+                        .map(|(acts, ms)| {
+                            format!(
+                                "{acts:?} {ms:.3} ms ({:.1} GMAC/s)",
+                                (m * n * k) as f64 / ms / 1e6
+                            )
+                        })
+                        .collect();
+                    println!(
+                        "{kernel:?} {fmt:?} m={m} {name} [{n}x{k}]: {}",
+                        line.join(", ")
+                    );
+                }
             }
         }
     }

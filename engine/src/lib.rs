@@ -638,7 +638,7 @@ pub mod internals {
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};
     pub use crate::models::{KvShape, Model, load, load_with, supported};
-    pub use crate::quant::time_matmul as time_quant_matmul;
+    pub use crate::quant::{Kernel as QuantKernel, time_matmul as time_quant_matmul};
     use crate::{DeviceChoice, EngineError, worker};
 
     /// Loads a model on the calling thread with the device (and dtype) the

@@ -34,6 +34,8 @@
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod rows;
 #[cfg(test)]
@@ -119,24 +121,64 @@ pub enum Activations {
     F32,
 }
 
-/// Whether this CPU runs the SIMD kernels (AVX-512F with VNNI); elsewhere
-/// the portable kernels run, correct but slow, so the loader keeps
-/// quantized weights only where this holds.
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+/// Which kernels multiply: AVX-512 with VNNI, AVX2 (with FMA and F16C),
+/// or the portable ones (correct but slow). All three give the same
+/// results to the bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    Avx512Vnni,
+    Avx2,
+    Portable,
+}
+
+impl Kernel {
+    /// The fastest this CPU runs, unless `GYRE_QUANT_KERNEL` (`avx2` or
+    /// `portable`) asks for a slower one, for measuring and testing those
+    /// on a faster CPU. Read once.
+    pub fn best() -> Self {
+        static BEST: std::sync::LazyLock<Kernel> = std::sync::LazyLock::new(|| {
+            let best = Kernel::detected();
+            match std::env::var("GYRE_QUANT_KERNEL").as_deref() {
+                Ok("portable") => Kernel::Portable,
+                Ok("avx2") if Kernel::Avx2.runs_here() => Kernel::Avx2,
+                _ => best,
+            }
+        });
+        *BEST
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    fn detected() -> Self {
+        [Self::Avx512Vnni, Self::Avx2]
+            .into_iter()
+            .find(|k| k.runs_here())
+            .unwrap_or(Self::Portable)
+    }
+
+    /// Whether this CPU has what the kernel needs.
+    pub fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Self::Avx512Vnni => {
+                    std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("avx512vnni")
+                }
+                Self::Avx2 => avx2::available(),
+                Self::Portable => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Self::Portable
+        }
     }
 }
 
-fn simd() -> bool {
-    static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(available);
-    *HAS
+/// Whether this CPU runs SIMD kernels (AVX-512 VNNI or AVX2); elsewhere
+/// only the portable kernels would, so the loader keeps quantized weights
+/// only where this holds.
+pub(crate) fn available() -> bool {
+    Kernel::detected() != Kernel::Portable
 }
 
 fn f16(b: &[u8], i: usize) -> f32 {
@@ -274,17 +316,17 @@ impl QuantMatrix {
         let (x, m) = crate::gemm::input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         crate::attn::f32_tensor(&[m as i64, self.n as i64], |out| {
-            self.matmul(xs, m, acts, simd(), workers, out)
+            self.matmul(xs, m, acts, Kernel::best(), workers, out)
         })
     }
 
-    /// `out` [m, n] = `x` [m, k] W^T, with the SIMD kernels when `simd`.
+    /// `out` [m, n] = `x` [m, k] W^T, with `kernel`'s tiles.
     fn matmul(
         &self,
         x: &[f32],
         m: usize,
         acts: Activations,
-        simd: bool,
+        kernel: Kernel,
         workers: &crate::gemm::Workers,
         out: &mut [f32],
     ) {
@@ -308,19 +350,19 @@ impl QuantMatrix {
         workers.run(chunks, |c| {
             let (g0, g1) = (c * per, ((c + 1) * per).min(groups));
             for g in g0..g1 {
-                self.group(rows, m, g, simd, out_ptr.0);
+                self.group(rows, m, g, kernel, out_ptr.0);
             }
         });
     }
 
     /// Columns `g*NG ..` of every row of the output.
-    fn group(&self, rows: &Rows, m: usize, g: usize, simd: bool, out: *mut f32) {
+    fn group(&self, rows: &Rows, m: usize, g: usize, kernel: Kernel, out: *mut f32) {
         let cols = NG.min(self.n - g * NG);
         let mut tile = [[0f32; NG]; MR];
         let mut r = 0;
         while r < m {
             let n_rows = MR.min(m - r);
-            self.tile(rows, r, n_rows, g, simd, &mut tile);
+            self.tile(rows, r, n_rows, g, kernel, &mut tile);
             for (i, t) in tile.iter().enumerate().take(n_rows) {
                 let dst = (r + i) * self.n + g * NG;
                 #[allow(unsafe_code)]
@@ -341,15 +383,16 @@ impl QuantMatrix {
         r0: usize,
         n_rows: usize,
         g: usize,
-        simd: bool,
+        kernel: Kernel,
         tile: &mut [[f32; NG]; MR],
     ) {
         #[cfg(target_arch = "x86_64")]
-        if simd {
-            avx512::tile(self, rows, r0, n_rows, g, tile);
-            return;
+        match kernel {
+            Kernel::Avx512Vnni => return avx512::tile(self, rows, r0, n_rows, g, tile),
+            Kernel::Avx2 => return avx2::tile(self, rows, r0, n_rows, g, tile),
+            Kernel::Portable => {}
         }
-        let _ = simd;
+        let _ = kernel;
         match rows {
             Rows::Int8(q) => self.portable_int8(q, r0, n_rows, g, tile),
             Rows::F32(f) => self.portable_f32(f, r0, n_rows, g, tile),
@@ -436,7 +479,8 @@ unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
 /// Times `x W^T` with a random weight of `fmt` ([n, k]) against f32
-/// activations [m, k], for each kind of activations, on `threads` workers:
+/// activations [m, k], for each kind of activations, on `threads` workers
+/// with `kernel`'s tiles:
 /// `(activations, mean ms per call)`, after one warm-up call. For
 /// profiling the kernels (`engine/examples/quantmm.rs`), not a test.
 pub fn time_matmul(
@@ -446,7 +490,13 @@ pub fn time_matmul(
     m: usize,
     threads: usize,
     iters: usize,
+    kernel: Kernel,
 ) -> Result<Vec<(Activations, f64)>, EngineError> {
+    if !kernel.runs_here() {
+        return Err(EngineError::Unsupported(format!(
+            "{kernel:?} does not run on this CPU"
+        )));
+    }
     let fmt = Format::of(fmt)
         .ok_or_else(|| EngineError::Unsupported(format!("{fmt:?} is not kept quantized")))?;
     if !k.is_multiple_of(QK) || n == 0 || m == 0 {
@@ -481,10 +531,10 @@ pub fn time_matmul(
         Activations::Int8Residual,
         Activations::F32,
     ] {
-        w.matmul(&x, m, acts, simd(), &workers, &mut out);
+        w.matmul(&x, m, acts, kernel, &workers, &mut out);
         let t = std::time::Instant::now();
         for _ in 0..iters {
-            w.matmul(&x, m, acts, simd(), &workers, &mut out);
+            w.matmul(&x, m, acts, kernel, &workers, &mut out);
         }
         res.push((acts, t.elapsed().as_secs_f64() * 1e3 / iters as f64));
     }

@@ -49,11 +49,19 @@ fn random_rows(fmt: Format, n: usize, k: usize, seed: u64) -> QuantRows {
     QuantRows::new(fmt, n, k, data).expect("rows")
 }
 
-fn run(w: &QuantMatrix, x: &Tensor, acts: Activations, simd: bool) -> Vec<f32> {
+/// The kernels this CPU runs (the portable one always).
+fn kernels() -> Vec<Kernel> {
+    [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Portable]
+        .into_iter()
+        .filter(|k| k.runs_here())
+        .collect()
+}
+
+fn run(w: &QuantMatrix, x: &Tensor, acts: Activations, kernel: Kernel) -> Vec<f32> {
     let m = x.size()[0] as usize;
     let xs = crate::attn::f32_view(x).expect("view");
     let mut out = vec![0f32; m * w.n()];
-    w.matmul(xs, m, acts, simd, &pool(), &mut out);
+    w.matmul(xs, m, acts, kernel, &pool(), &mut out);
     out
 }
 
@@ -86,7 +94,7 @@ fn matches_the_dequantized_matmul_within_the_activation_rounding() {
             let xv: Vec<f32> = Vec::try_from(&x.flatten(0, -1)).expect("x");
             let wv: Vec<f32> = Vec::try_from(&wd.flatten(0, -1)).expect("w");
             for acts in ACTIVATIONS {
-                let got = run(&w, &x, acts, simd());
+                let got = run(&w, &x, acts, Kernel::best());
                 for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
                     let (r, c) = (i / n, i % n);
                     let (xr, wr) = (&xv[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
@@ -153,8 +161,8 @@ fn int8_kernel_is_the_product_with_the_rounded_activations() {
                         .collect::<Vec<_>>()
                 })
                 .collect();
-            for simd in [false, available()] {
-                let got = run(&w, &x, acts, simd);
+            for kernel in kernels() {
+                let got = run(&w, &x, acts, kernel);
                 for (i, &g) in got.iter().enumerate() {
                     let (r, c) = (i / n, i % n);
                     let (xr, wr) = (&rounded[r * k..(r + 1) * k], &wv[c * k..(c + 1) * k]);
@@ -163,7 +171,7 @@ fn int8_kernel_is_the_product_with_the_rounded_activations() {
                     let err = (g as f64 - want).abs();
                     assert!(
                         err <= 1e-5 * scale,
-                        "{fmt:?} {acts:?} simd={simd} row {r} col {c}: {g} vs {want} ({err:.3e})"
+                        "{fmt:?} {acts:?} {kernel:?} row {r} col {c}: {g} vs {want} ({err:.3e})"
                     );
                 }
             }
@@ -180,38 +188,54 @@ fn a_row_is_the_same_alone_and_in_a_batch() {
         let w = QuantMatrix::new(&random_rows(fmt, 48, 128, 3));
         let x = Tensor::randn([13, 128], (Kind::Float, Device::Cpu));
         for acts in ACTIVATIONS {
-            let row = 4usize;
-            let alone = run(&w, &x.narrow(0, row as i64, 1), acts, simd());
-            for m in [5i64, 8, 9, 13] {
-                let all = run(&w, &x.narrow(0, 0, m), acts, simd());
-                assert_eq!(
-                    all[row * 48..(row + 1) * 48],
-                    alone[..],
-                    "{fmt:?} {acts:?} m={m}"
-                );
+            for kernel in kernels() {
+                let row = 4usize;
+                let alone = run(&w, &x.narrow(0, row as i64, 1), acts, kernel);
+                for m in [5i64, 8, 9, 13] {
+                    let all = run(&w, &x.narrow(0, 0, m), acts, kernel);
+                    assert_eq!(
+                        all[row * 48..(row + 1) * 48],
+                        alone[..],
+                        "{fmt:?} {acts:?} {kernel:?} m={m}"
+                    );
+                }
             }
         }
     }
 }
 
 /// The SIMD and portable kernels do the same operations in the same order,
-/// so they agree to the bit (every tile height, a ragged last group).
+/// so every kernel this CPU runs agrees with the portable one to the bit
+/// (every tile height, a ragged last group; activations with all-zero
+/// blocks and blocks whose largest value is negative). On x86-64 with
+/// AVX2 at least one SIMD kernel must run.
 #[test]
 fn simd_and_portable_kernels_agree_exactly() {
-    if !available() {
-        eprintln!("no AVX-512 VNNI: only the portable kernel runs here");
-        return;
+    let simd: Vec<Kernel> = kernels()
+        .into_iter()
+        .filter(|&k| k != Kernel::Portable)
+        .collect();
+    if cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("avx2") {
+        assert!(!simd.is_empty(), "no SIMD kernel runs on an AVX2 CPU");
     }
     tch::manual_seed(13);
     for fmt in FORMATS {
         let w = QuantMatrix::new(&random_rows(fmt, 40, 320, 5));
-        let x = Tensor::randn([8, 320], (Kind::Float, Device::Cpu));
+        let x = Tensor::randn([8, 320], (Kind::Float, Device::Cpu)) * 3.0;
+        let _ = x.narrow(1, 0, 32).fill_(0.0);
+        let _ = x.narrow(1, 32, 32).fill_(-2.5);
         for acts in ACTIVATIONS {
             for m in 1..=8 {
                 let x = x.narrow(0, 0, m);
-                let (a, b) = (run(&w, &x, acts, true), run(&w, &x, acts, false));
-                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same, "{fmt:?} {acts:?} m={m}");
+                let want = run(&w, &x, acts, Kernel::Portable);
+                for &kernel in &simd {
+                    let got = run(&w, &x, acts, kernel);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{fmt:?} {acts:?} {kernel:?} m={m}");
+                }
             }
         }
     }

@@ -1,0 +1,227 @@
+//! The AVX2 kernels, for CPUs without AVX-512 VNNI: the same tile (R rows
+//! x 16 columns over one group, every block in k order) as two halves of
+//! 8 columns, one 256-bit vector each, with the same integer results and
+//! the same float operations as the portable kernels, so all three agree
+//! to the bit.
+//!
+//! AVX2 has no `vpdpbusd`; a block's integer dot products come from
+//! `vpmaddubsw` (unsigned x signed bytes, adjacent pairs summed into int16)
+//! and `vpmaddwd` by ones (pairs of int16 into int32), as llama.cpp does.
+//! The int16 pair sum saturates past 32767, so:
+//! - Q4_0/Q4_1 quants (0..15) go in unsigned as stored: a pair is at most
+//!   2 * 15 * 128, and the eight of a block are summed in int16 before the
+//!   widening.
+//! - Q8_0's (stored offset by 128) are taken back to signed and multiplied
+//!   as `|w| x sign(x, w)` (at most 2 * 128 * 127 per pair), each widened
+//!   alone; the offset is then not taken off (its correction is not
+//!   applied), since the product is already the signed one. The activation
+//!   quants are within [-127, 127] (see `activations.rs`), so the sign flip
+//!   never overflows.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{F32Rows, Format, MR, NG, QuantMatrix, QuantizedRows, Rows};
+
+/// Whether this CPU runs these kernels.
+pub(super) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// One tile of `n_rows` rows from `r0`, columns of group `g`. The caller
+/// checked the CPU ([`available`]).
+pub(super) fn tile(
+    w: &QuantMatrix,
+    rows: &Rows,
+    r0: usize,
+    n_rows: usize,
+    g: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    for h in 0..2 {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked by the caller).
+        unsafe {
+            match rows {
+                Rows::Int8(x) => int8(w, x, r0, n_rows, g, h, tile),
+                Rows::F32(x) => float(w, x, r0, n_rows, g, h, tile),
+            }
+        }
+    }
+}
+
+/// Half `h`'s 8 vectors of one group-block's quants as stored (Q8_0:
+/// unsigned, offset by 128; Q4: 0..15): vector q holds k = 4q .. 4q+4 of
+/// columns 8h .. 8h+8 (column c in 32-bit lane c).
+#[target_feature(enable = "avx2")]
+unsafe fn quants(fmt: Format, gb: *const u8, h: usize) -> [__m256i; 8] {
+    let mut wq = [_mm256_setzero_si256(); 8];
+    // SAFETY: a group-block starts with 512 (Q8_0) or 256 (Q4) bytes of
+    // quants, 64 per vector of 16 columns, half h at 32 h.
+    unsafe {
+        if fmt == Format::Q8_0 {
+            for (q, v) in wq.iter_mut().enumerate() {
+                *v = _mm256_loadu_si256(gb.add(q * 64 + h * 32).cast());
+            }
+        } else {
+            let low = _mm256_set1_epi8(0x0f);
+            for p in 0..4 {
+                let v = _mm256_loadu_si256(gb.add(p * 64 + h * 32).cast());
+                wq[p] = _mm256_and_si256(v, low);
+                wq[p + 4] = _mm256_and_si256(_mm256_srli_epi32::<4>(v), low);
+            }
+        }
+    }
+    wq
+}
+
+/// Half `h`'s 8 scales and (Q4_1) mins of a group-block.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
+    let qb = fmt.quant_bytes();
+    // SAFETY: the 16 f16 scales (and Q4_1's 16 mins) follow the quants.
+    unsafe {
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(qb + 16 * h).cast()));
+        let m = if fmt == Format::Q4_1 {
+            _mm256_cvtph_ps(_mm_loadu_si128(gb.add(qb + 2 * NG + 16 * h).cast()))
+        } else {
+            _mm256_setzero_ps()
+        };
+        (d, m)
+    }
+}
+
+/// The 8 columns' exact integer dot products of one block with the 32
+/// int8 activations at `xq`; for Q8_0 `wq` holds the quants made signed
+/// and `mag` their magnitudes (see the module comment), unused for Q4.
+#[target_feature(enable = "avx2")]
+unsafe fn block_dot(fmt: Format, wq: &[__m256i; 8], mag: &[__m256i; 8], xq: *const i8) -> __m256i {
+    let xp = xq.cast::<i32>();
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: xq holds 32 int8, read 4 at a time.
+    let x4 = |q: usize| _mm256_set1_epi32(unsafe { xp.add(q).read_unaligned() });
+    if fmt == Format::Q8_0 {
+        let mut acc = _mm256_setzero_si256();
+        for q in 0..8 {
+            let p = _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(x4(q), wq[q]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+        }
+        acc
+    } else {
+        let mut s16 = _mm256_setzero_si256();
+        for (q, &wv) in wq.iter().enumerate() {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wv, x4(q)));
+        }
+        _mm256_madd_epi16(s16, ones)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8(
+    w: &QuantMatrix,
+    x: &QuantizedRows,
+    r0: usize,
+    n_rows: usize,
+    g: usize,
+    h: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    let fmt = w.fmt;
+    let blocks = w.blocks();
+    let k = blocks * super::QK;
+    let n_blocks = (r0 + n_rows) * blocks;
+    assert!(n_rows <= MR && (r0 + n_rows) * k <= x.q.len());
+    assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
+    let q2 = x.residual.as_ref().map(|(q2, _)| {
+        assert!(q2.len() == x.q.len());
+        q2.as_ptr()
+    });
+    // Q8_0's integer products are the signed ones: no offset to take off.
+    let corrected = fmt != Format::Q8_0;
+    let flip = _mm256_set1_epi8(-128);
+    let mut acc = [_mm256_setzero_ps(); MR];
+    for b in 0..blocks {
+        let gb = w.group_block(g, b).as_ptr();
+        // SAFETY: `gb` is a whole group-block; each row-block index is
+        // `(r0 + r) * blocks + b` < n_blocks, within the arrays (asserted
+        // above), its quants the 32 at `i * 32`.
+        unsafe {
+            let mut wq = quants(fmt, gb, h);
+            let mut mag = [_mm256_setzero_si256(); 8];
+            if fmt == Format::Q8_0 {
+                for (v, m) in wq.iter_mut().zip(mag.iter_mut()) {
+                    *v = _mm256_xor_si256(*v, flip);
+                    *m = _mm256_abs_epi8(*v);
+                }
+            }
+            let (d, m) = scales(fmt, gb, h);
+            for (r, a) in acc.iter_mut().enumerate().take(n_rows) {
+                let i = (r0 + r) * blocks + b;
+                let mut isum = block_dot(fmt, &wq, &mag, x.q.as_ptr().add(i * 32));
+                if let Some(q2) = q2 {
+                    let isum2 = block_dot(fmt, &wq, &mag, q2.add(i * 32));
+                    isum = _mm256_add_epi32(_mm256_slli_epi32::<7>(isum), isum2);
+                }
+                if corrected {
+                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(*x.corr.get_unchecked(i)));
+                }
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale.get_unchecked(i)));
+                *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *a);
+                if fmt == Format::Q4_1 {
+                    *a = _mm256_fmadd_ps(m, _mm256_set1_ps(*x.sx.get_unchecked(i)), *a);
+                }
+            }
+        }
+    }
+    for (t, a) in tile.iter_mut().zip(acc).take(n_rows) {
+        // SAFETY: a tile row holds 16 floats; half h is 8 of them at 8 h.
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * h), a) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float(
+    w: &QuantMatrix,
+    x: &F32Rows,
+    r0: usize,
+    n_rows: usize,
+    g: usize,
+    h: usize,
+    tile: &mut [[f32; NG]; MR],
+) {
+    let fmt = w.fmt;
+    let off = _mm256_set1_epi32(fmt.offset());
+    let byte = _mm256_set1_epi32(0xff);
+    let mut acc = [_mm256_setzero_ps(); MR];
+    for b in 0..w.blocks() {
+        let gb = w.group_block(g, b).as_ptr();
+        // SAFETY: `gb` is a whole group-block.
+        let (wq, (d, m)) = unsafe { (quants(fmt, gb, h), scales(fmt, gb, h)) };
+        for (r, a) in acc.iter_mut().enumerate().take(n_rows) {
+            let (xb, xsum) = x.block(r0 + r, b);
+            let mut blk = _mm256_setzero_ps();
+            for (q, &v) in wq.iter().enumerate() {
+                for j in 0..4 {
+                    let l = match j {
+                        0 => v,
+                        1 => _mm256_srli_epi32::<8>(v),
+                        2 => _mm256_srli_epi32::<16>(v),
+                        _ => _mm256_srli_epi32::<24>(v),
+                    };
+                    let wf = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(l, byte), off));
+                    blk = _mm256_fmadd_ps(wf, _mm256_set1_ps(xb[4 * q + j]), blk);
+                }
+            }
+            *a = _mm256_fmadd_ps(d, blk, *a);
+            if fmt == Format::Q4_1 {
+                *a = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum), *a);
+            }
+        }
+    }
+    for (t, a) in tile.iter_mut().zip(acc).take(n_rows) {
+        // SAFETY: a tile row holds 16 floats; half h is 8 of them at 8 h.
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * h), a) };
+    }
+}
