@@ -86,7 +86,9 @@ impl Packed {
     pub(crate) fn forward(&self, x: &Tensor, workers: &Workers) -> Result<Tensor, EngineError> {
         let (x, m) = input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
-        crate::attn::f32_tensor(&[m as i64, self.n as i64], |out| {
+        // Every output element is written once: each chunk's panels cover
+        // their columns (all n of them between the chunks) for every row.
+        crate::attn::f32_tensor_written(&[m as i64, self.n as i64], |out| {
             let panels = self.n.div_ceil(NR);
             // Contiguous runs of panels, a few per thread so the work balances.
             let chunks = (workers.threads() * 4).clamp(1, panels);
@@ -95,7 +97,7 @@ impl Packed {
                 // Whole groups of panels for the one-row kernel.
                 per = per.next_multiple_of(PANELS1);
             }
-            let out_ptr = SendPtr(out.as_mut_ptr());
+            let out_ptr = SendPtr(out);
             let out_ptr = &out_ptr;
             workers.run(chunks, |c| {
                 let (p0, p1) = (c * per, ((c + 1) * per).min(panels));

@@ -77,6 +77,22 @@ pub(crate) fn f32_tensor(
     Ok(t)
 }
 
+/// A new float32 CPU tensor of `shape`, not zeroed, whose every element
+/// `fill` must write through the pointer it gets (before anything reads
+/// the tensor): for the linear layers' kernels, which write each output
+/// exactly once, so that a step's largest buffers are not cleared first.
+#[allow(unsafe_code)]
+pub(crate) fn f32_tensor_written(
+    shape: &[i64],
+    fill: impl FnOnce(*mut f32),
+) -> Result<Tensor, EngineError> {
+    let t = Tensor::f_empty(shape, (Kind::Float, Device::Cpu))?;
+    if t.numel() > 0 {
+        fill(t.data_ptr().cast::<f32>());
+    }
+    Ok(t)
+}
+
 /// Attention output [seqs.len(), heads, head_dim] (row-major) of each
 /// sequence's query (`q`: [rows, heads, head_dim]) over keys and values
 /// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots, split over

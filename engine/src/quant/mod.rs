@@ -315,12 +315,13 @@ impl QuantMatrix {
     ) -> Result<Tensor, EngineError> {
         let (x, m) = crate::gemm::input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
-        crate::attn::f32_tensor(&[m as i64, self.n as i64], |out| {
-            self.matmul(xs, m, acts, Kernel::best(), workers, out)
+        crate::attn::f32_tensor_written(&[m as i64, self.n as i64], |out| {
+            self.matmul_to(xs, m, acts, Kernel::best(), workers, out)
         })
     }
 
     /// `out` [m, n] = `x` [m, k] W^T, with `kernel`'s tiles.
+    #[cfg(test)]
     fn matmul(
         &self,
         x: &[f32],
@@ -329,6 +330,22 @@ impl QuantMatrix {
         kernel: Kernel,
         workers: &crate::gemm::Workers,
         out: &mut [f32],
+    ) {
+        assert_eq!(out.len(), m * self.n);
+        self.matmul_to(x, m, acts, kernel, workers, out.as_mut_ptr());
+    }
+
+    /// [`Self::matmul`] into the m * n floats at `out`, every one of which it
+    /// writes once (the groups split between the chunks cover all columns,
+    /// each for every row).
+    fn matmul_to(
+        &self,
+        x: &[f32],
+        m: usize,
+        acts: Activations,
+        kernel: Kernel,
+        workers: &crate::gemm::Workers,
+        out: *mut f32,
     ) {
         let rows = match acts {
             Activations::Int8 | Activations::Int8Residual => Rows::Int8(QuantizedRows::new(
@@ -344,7 +361,7 @@ impl QuantMatrix {
         let groups = self.n.div_ceil(NG);
         let chunks = (workers.threads() * 4).clamp(1, groups);
         let per = groups.div_ceil(chunks);
-        let out_ptr = SendPtr(out.as_mut_ptr());
+        let out_ptr = SendPtr(out);
         let out_ptr = &out_ptr;
         let rows = &rows;
         workers.run(chunks, |c| {
@@ -531,10 +548,10 @@ pub fn time_matmul(
         Activations::Int8Residual,
         Activations::F32,
     ] {
-        w.matmul(&x, m, acts, kernel, &workers, &mut out);
+        w.matmul_to(&x, m, acts, kernel, &workers, out.as_mut_ptr());
         let t = std::time::Instant::now();
         for _ in 0..iters {
-            w.matmul(&x, m, acts, kernel, &workers, &mut out);
+            w.matmul_to(&x, m, acts, kernel, &workers, out.as_mut_ptr());
         }
         res.push((acts, t.elapsed().as_secs_f64() * 1e3 / iters as f64));
     }
