@@ -435,3 +435,49 @@ pub fn param_count(dir: &Path) -> Option<u64> {
     let tied = c.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
     Some(if tied { 1 } else { 2 } * v * h + n * layer + h)
 }
+
+/// The parameters of the matrices one token's forward pass multiplies, from
+/// a Llama-style `config.json`: every layer's projections and the LM head
+/// (the embedding lookup multiplies nothing; norms and biases are not
+/// matrices). For the FLOP/s of S2 (2 per parameter per token).
+pub fn matmul_params(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let c: Value = serde_json::from_str(&text).ok()?;
+    let get = |k: &str| c.get(k).and_then(Value::as_u64);
+    let (h, i, n, v) = (
+        get("hidden_size")?,
+        get("intermediate_size")?,
+        get("num_hidden_layers")?,
+        get("vocab_size")?,
+    );
+    let heads = get("num_attention_heads")?;
+    let hd = get("head_dim").unwrap_or(h / heads.max(1));
+    let (q, kv) = (heads * hd, get("num_key_value_heads").unwrap_or(heads) * hd);
+    Some(n * (2 * h * q + 2 * h * kv + 3 * h * i) + v * h)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The bench model's shape: 8 layers of 512 wide (8 heads of 64, 4
+    /// KV heads, 2048 inner), 32064 tokens, untied: the projections and the
+    /// LM head, not the embedding.
+    #[test]
+    fn matmul_params_count_the_projections_and_the_head() {
+        let dir = std::env::temp_dir().join(format!("gyre-bench-params-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8,
+                "vocab_size": 32064, "num_attention_heads": 8, "num_key_value_heads": 4,
+                "head_dim": 64, "tie_word_embeddings": false}"#,
+        )
+        .expect("config");
+        let layer = 2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 2048;
+        assert_eq!(super::matmul_params(&dir), Some(8 * layer + 32064 * 512));
+        assert_eq!(
+            super::param_count(&dir),
+            Some(2 * 32064 * 512 + 8 * (layer + 2 * 512) + 512)
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -100,6 +100,43 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
             .reference(format!("{:.1} tok/s (batch {})", hf.tok_per_s, hf.batch))
             .compare(gyre / hf.tok_per_s, ">= 1.5", gyre >= 1.5 * hf.tok_per_s);
     }
+    // FLOP/s against the machine's f32 matrix-product peak: 2 x the
+    // matrices' parameters per token through the model (each request's
+    // prompt, then one step per output token but the last), at the output
+    // rate's pace; attention's arithmetic is left out, so this is a floor.
+    let peak = if ctx.no_reference {
+        None
+    } else {
+        match crate::ceilings::matmul_peak(&ctx.python, ctx.threads).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("gyre-bench: S2: no matmul peak: {e:#}");
+                None
+            }
+        }
+    };
+    let mut rows = vec![row];
+    if let (Some(peak), Some(params)) = (&peak, crate::run_cmd::matmul_params(&ctx.model_dir)) {
+        let per_output =
+            (sz.prompt_len + sz.output_len as usize - 1) as f64 / f64::from(sz.output_len.max(1));
+        let flops = |tok_per_s: f64| 2.0 * params as f64 * tok_per_s * per_output;
+        let show = |f: f64| format!("{:.1} GFLOP/s, {:.0}%", f / 1e9, 100.0 * f / peak.flops);
+        let share = flops(gyre) / peak.flops;
+        let mut r = Row::new(
+            "S2",
+            &format!(
+                "{} streams: 2 x matrix params x tokens through the model / s vs f32 matmul peak ({:.1} GFLOP/s)",
+                sz.s2_streams,
+                peak.flops / 1e9
+            ),
+        )
+        .gyre(show(flops(gyre)))
+        .compare(share, ">= 0.60", share >= 0.6);
+        if let Some(hf) = &hf {
+            r = r.reference(show(flops(hf.tok_per_s)));
+        }
+        rows.push(r);
+    }
     let latency = Row::new("S2", "TTFT p50/p99, ITL p50/p99 (ms)").gyre(format!(
         "{:.1}/{:.1}, {:.1}/{:.1}",
         summary.ttft_ms.p50, summary.ttft_ms.p99, summary.itl_ms.p50, summary.itl_ms.p99
@@ -118,8 +155,11 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
         "first_request_ttft_ms": records.first().and_then(|r| r.ttft()).map(ms),
         "hf": hf,
         "ratio": hf.as_ref().map(|h| gyre / h.tok_per_s),
+        "matmul_peak": peak,
+        "matmul_params": crate::run_cmd::matmul_params(&ctx.model_dir),
     });
-    Ok((vec![row, latency], details))
+    rows.push(latency);
+    Ok((rows, details))
 }
 
 /// transformers' `generate` on `prompts` (None with `--no-reference`).
