@@ -1,5 +1,6 @@
 //! Times the CPU's quantized matrix products alone (no model): `x W^T` for
-//! a random Q8_0, Q4_0 or Q4_1 weight of SmolLM2-135M's projection shapes,
+//! a random Q8_0, Q4_1 or Q4_K weight of SmolLM2-135M's projection shapes
+//! (for Q4_K, whose super-blocks hold 256 values, k rounded up to 768),
 //! at the given numbers of activation rows, with int8, int8 + residual and
 //! f32 activations. Mean milliseconds per call and the multiply-adds per
 //! second they reach, with each SIMD kernel this CPU runs (AVX-512 VNNI,
@@ -19,13 +20,14 @@ fn main() {
     let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
     let kernels = [QuantKernel::Avx512Vnni, QuantKernel::Avx2];
     for kernel in kernels.into_iter().filter(|k| k.runs_here()) {
-        for fmt in [GgmlType::Q8_0, GgmlType::Q4_1] {
+        for fmt in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4K] {
             for &m in &rows {
                 for (name, n, k) in [
-                    ("qkv", 960, 576),
+                    ("qkv", 960, 576usize),
                     ("gate/up", 3072, 576),
                     ("down", 576, 1536),
                 ] {
+                    let k = k.next_multiple_of(fmt.block().0);
                     let it = (iters * 64 / m.max(1)).max(3);
                     let times =
                         time_quant_matmul(fmt, n, k, m, threads, it, kernel).expect("timing");

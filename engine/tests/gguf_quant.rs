@@ -159,9 +159,10 @@ fn quantized_smollm2_logits_stay_near_the_dequantized_model() {
     );
 }
 
-/// Gemma 3 270M Q4_K_M: of its matrices only the Q8_0 embedding (tied to
-/// the LM head, scaled by sqrt(hidden) on lookup) stays quantized; its
-/// q/k/v stacks mix Q5_0 and Q8_0 and are dequantized.
+/// Gemma 3 270M Q4_K_M: its Q8_0 embedding (tied to the LM head, scaled by
+/// sqrt(hidden) on lookup), its Q5_0 and Q8_0 projections (held as Q8_0,
+/// so the q/k/v stacks that mix them stay quantized) and its Q4_K ones
+/// stay quantized; only the Q6_K down projections are dequantized.
 #[test]
 fn quantized_gemma3_logits_stay_near_the_dequantized_model() {
     if !quantized_here() {
@@ -274,8 +275,7 @@ fn quantized_smollm2_answers_the_france_question() {
 /// Which tensors stay quantized, and the bytes the engine holds for them
 /// (what the server's memory check counts): SmolLM2's every matrix (Q4_1
 /// layers, Q8_0 embedding), 92 MiB against 513 MiB in f32; of Gemma 3's
-/// only the Q8_0 embedding (its Q8_0 value projections are stacked with
-/// Q5_0 queries and keys, so they are dequantized).
+/// every matrix but the Q6_K down projections.
 #[test]
 fn the_held_bytes_count_quantized_matrices_at_their_size() {
     use gyre_engine::gguf::model::{held_bytes, stays_quantized};
@@ -325,5 +325,39 @@ fn the_held_bytes_count_quantized_matrices_at_their_size() {
         .filter(|t| stays_quantized(&gemma, t))
         .map(|t| t.name.as_str())
         .collect();
-    assert_eq!(kept, ["token_embd.weight"]);
+    // Every matrix but the 9 Q6_K down projections: the embedding, and
+    // per layer q, k, v, o, gate, up (18 layers), and 9 Q4_K downs.
+    let q6k = gyre_engine::gguf::GgmlType::Q6K;
+    for t in gemma.tensors.iter().filter(|t| t.dims.len() == 2) {
+        let kind = gyre_engine::gguf::GgmlType::from_id(t.kind).expect("known type");
+        assert_eq!(
+            kept.contains(&t.name.as_str()),
+            kind != q6k,
+            "{} {kind:?}",
+            t.name
+        );
+    }
+    assert_eq!(kept.len(), 1 + 18 * 6 + 9);
+    // Held as the engine holds them: Q5_0 widened to Q8_0's 34 bytes a
+    // block of 32, Q4_K in 32-value blocks of 24 bytes (f32 scale and min,
+    // 16 bytes of quants), Q8_0 as in the file.
+    let want: u64 = gemma
+        .tensors
+        .iter()
+        .map(|t| {
+            let kind = gyre_engine::gguf::GgmlType::from_id(t.kind).expect("known type");
+            match kind {
+                _ if !kept.contains(&t.name.as_str()) => 4 * t.elements(),
+                gyre_engine::gguf::GgmlType::Q5_0 => t.elements() / 32 * 34,
+                gyre_engine::gguf::GgmlType::Q4K => t.elements() / 32 * 24,
+                _ => gemma.raw(t).expect("raw").len() as u64,
+            }
+        })
+        .sum();
+    assert_eq!(held_bytes(&gemma, 4, true), want);
+    println!(
+        "Gemma 3 270M held: {} MiB quantized, {} MiB f32",
+        want >> 20,
+        held_bytes(&gemma, 4, false) >> 20
+    );
 }

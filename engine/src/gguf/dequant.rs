@@ -196,7 +196,7 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// The fifth bits of a Q5 block's 32 values, as 0 or 16.
-fn q5_high(qh: u32, j: usize) -> (u8, u8) {
+pub(crate) fn q5_high(qh: u32, j: usize) -> (u8, u8) {
     (
         (((qh >> j) << 4) & 0x10) as u8,
         ((qh >> (j + 12)) & 0x10) as u8,
@@ -233,7 +233,7 @@ fn q8_0(b: &[u8], y: &mut [f32]) {
 }
 
 /// Scale and min of sub-block `j` from a K-quant's packed 6-bit scales.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

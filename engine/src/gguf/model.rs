@@ -233,9 +233,10 @@ fn stacked_with(name: &str) -> Vec<String> {
 }
 
 /// Whether tensor `t` stays in its quantized blocks when the loader keeps
-/// quantized weights: a 2-d Q8_0, Q4_0 or Q4_1 matrix whose stacking
-/// partners (q, k, v; gate, up), if any, are in the same format (a stack
-/// of mixed formats is dequantized).
+/// quantized weights: a 2-d Q8_0, Q5_0, Q4_0, Q4_1 or Q4_K matrix whose
+/// stacking partners (q, k, v; gate, up), if any, are held in the same
+/// format (Q5_0 and Q8_0 both as Q8_0; a stack of other mixed formats is
+/// dequantized).
 pub fn stays_quantized(file: &GgufFile, t: &TensorInfo) -> bool {
     let Some(fmt) = GgmlType::from_id(t.kind).and_then(Format::of) else {
         return false;
@@ -249,14 +250,20 @@ pub fn stays_quantized(file: &GgufFile, t: &TensorInfo) -> bool {
 }
 
 /// Bytes the engine holds for `file`'s weights: tensors that stay
-/// quantized (when `keep_quantized`, see [`stays_quantized`]) at their
-/// size in the file, the others at `element_bytes` per element.
+/// quantized (when `keep_quantized`, see [`stays_quantized`]) at the size
+/// of the blocks they are held in (their size in the file, but Q5_0's held
+/// as Q8_0 and Q4_K's 6 bits a value), the others at `element_bytes` per
+/// element.
 pub fn held_bytes(file: &GgufFile, element_bytes: u64, keep_quantized: bool) -> u64 {
     file.tensors
         .iter()
         .map(|t| {
             if keep_quantized && stays_quantized(file, t) {
-                file.raw(t).map_or(0, |r| r.len() as u64)
+                GgmlType::from_id(t.kind)
+                    .and_then(Format::of)
+                    .map_or(0, |f| {
+                        t.elements() / crate::quant::QK as u64 * f.block_bytes() as u64
+                    })
             } else {
                 t.elements().saturating_mul(element_bytes)
             }
@@ -302,11 +309,10 @@ pub(crate) fn weights(
             _ => None,
         };
         if keep_quantized && stays_quantized(file, t) {
-            let fmt = GgmlType::from_id(t.kind)
-                .and_then(Format::of)
+            let kind = GgmlType::from_id(t.kind)
                 .ok_or_else(|| load_err(file, "not a quantized format"))?;
             let [k, n] = [t.dims[0] as usize, t.dims[1] as usize];
-            let rows = QuantRows::new(fmt, n, k, file.raw(t)?.to_vec())
+            let rows = QuantRows::from_ggml(kind, n, k, file.raw(t)?)
                 .map_err(|e| load_err(file, format!("{}: {e}", t.name)))?;
             let rows = match heads {
                 Some(h) => rows.permute_rows(&unpermuted_order(n, h as usize)),

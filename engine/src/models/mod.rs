@@ -188,16 +188,17 @@ pub trait Model: Send {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     /// Dequantize every GGUF tensor to the model's dtype at load (the path
-    /// before quantized kernels), instead of keeping Q8_0/Q4_0/Q4_1
-    /// matrices in their blocks on the CPU.
+    /// before quantized kernels), instead of keeping Q8_0/Q5_0/Q4_0/Q4_1/
+    /// Q4_K matrices in blocks on the CPU (see `crate::quant`).
     pub dequantize: bool,
     /// The activations the quantized kernels use.
     pub activations: crate::quant::Activations,
 }
 
 impl LoadOptions {
-    /// Whether a GGUF's Q8_0/Q4_0/Q4_1 matrices stay quantized on `device`
-    /// in `kind`: on a float32 CPU with AVX-512 VNNI, unless `dequantize`.
+    /// Whether a GGUF's quantized matrices (Q8_0, Q5_0, Q4_0, Q4_1, Q4_K)
+    /// stay quantized on `device` in `kind`: on a float32 CPU with AVX-512
+    /// VNNI or AVX2, unless `dequantize`.
     pub fn keeps_quantized(&self, device: Device, kind: Kind) -> bool {
         device == Device::Cpu && kind == Kind::Float && self.keeps_quantized_on_cpu()
     }
@@ -215,7 +216,7 @@ pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, E
     load_with(path, device, kind, LoadOptions::default())
 }
 
-/// [`load`], with a GGUF's Q8_0/Q4_0/Q4_1 matrices kept quantized where
+/// [`load`], with a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K matrices kept quantized where
 /// `opts` allows (see [`LoadOptions::keeps_quantized`]).
 pub fn load_with(
     path: &Path,

@@ -8,7 +8,7 @@
 //! `vpmaddubsw` (unsigned x signed bytes, adjacent pairs summed into int16)
 //! and `vpmaddwd` by ones (pairs of int16 into int32), as llama.cpp does.
 //! The int16 pair sum saturates past 32767, so:
-//! - Q4_0/Q4_1 quants (0..15) go in unsigned as stored: a pair is at most
+//! - Q4_0/Q4_1/Q4_K quants (0..15) go in unsigned as stored: a pair is at most
 //!   2 * 15 * 128, and the eight of a block are summed in int16 before the
 //!   widening.
 //! - Q8_0's (stored offset by 128) are taken back to signed and multiplied
@@ -77,14 +77,19 @@ unsafe fn quants(fmt: Format, gb: *const u8, h: usize) -> [__m256i; 8] {
     wq
 }
 
-/// Half `h`'s 8 scales and (Q4_1) mins of a group-block.
+/// Half `h`'s 8 scales and (Q4_1, Q4_K) mins of a group-block.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
     let qb = fmt.quant_bytes();
-    // SAFETY: the 16 f16 scales (and Q4_1's 16 mins) follow the quants.
+    // SAFETY: the 16 scales (and 16 mins) follow the quants: f16, or
+    // Q4_K's f32.
     unsafe {
+        if fmt.f32_scales() {
+            let d = _mm256_loadu_ps(gb.add(qb + 32 * h).cast());
+            return (d, _mm256_loadu_ps(gb.add(qb + 4 * NG + 32 * h).cast()));
+        }
         let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(qb + 16 * h).cast()));
-        let m = if fmt == Format::Q4_1 {
+        let m = if fmt.has_mins() {
             _mm256_cvtph_ps(_mm_loadu_si128(gb.add(qb + 2 * NG + 16 * h).cast()))
         } else {
             _mm256_setzero_ps()
@@ -169,7 +174,7 @@ unsafe fn int8(
                 }
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale.get_unchecked(i)));
                 *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *a);
-                if fmt == Format::Q4_1 {
+                if fmt.has_mins() {
                     *a = _mm256_fmadd_ps(m, _mm256_set1_ps(*x.sx.get_unchecked(i)), *a);
                 }
             }
@@ -215,7 +220,7 @@ unsafe fn float(
                 }
             }
             *a = _mm256_fmadd_ps(d, blk, *a);
-            if fmt == Format::Q4_1 {
+            if fmt.has_mins() {
                 *a = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum), *a);
             }
         }

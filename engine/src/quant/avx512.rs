@@ -67,14 +67,19 @@ unsafe fn quants(fmt: Format, gb: *const u8) -> [__m512i; 8] {
     wq
 }
 
-/// The 16 columns' scales and (Q4_1) mins of a group-block.
+/// The 16 columns' scales and (Q4_1, Q4_K) mins of a group-block.
 #[target_feature(enable = "avx512f")]
 unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
     let qb = fmt.quant_bytes();
-    // SAFETY: the scales (and Q4_1's mins) follow the quants.
+    // SAFETY: the scales (and mins) follow the quants: 16 f16 each, or
+    // Q4_K's 16 f32 each.
     unsafe {
+        if fmt.f32_scales() {
+            let d = _mm512_loadu_ps(gb.add(qb).cast());
+            return (d, _mm512_loadu_ps(gb.add(qb + 4 * NG).cast()));
+        }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(gb.add(qb).cast()));
-        let m = if fmt == Format::Q4_1 {
+        let m = if fmt.has_mins() {
             _mm512_cvtph_ps(_mm256_loadu_si256(gb.add(qb + 2 * NG).cast()))
         } else {
             _mm512_setzero_ps()
@@ -84,7 +89,7 @@ unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
 }
 
 /// The int8 kernel's tile, picked by whether the activations carry the
-/// rounding residual and whether the format has mins (Q4_1), so that the
+/// rounding residual and whether the format has mins (Q4_1, Q4_K), so that the
 /// row loop of the kernel is free of branches.
 #[target_feature(enable = "avx512f,avx512vnni")]
 unsafe fn int8<const R: usize>(
@@ -95,7 +100,7 @@ unsafe fn int8<const R: usize>(
     tile: &mut [[f32; NG]; MR],
 ) {
     let res = x.residual.is_some();
-    let mins = w.fmt == Format::Q4_1;
+    let mins = w.fmt.has_mins();
     // SAFETY: as the caller's.
     unsafe {
         match (res, mins) {
@@ -217,7 +222,7 @@ unsafe fn float<const R: usize>(
         }
         for ((a, bk), (_, xsum)) in acc.iter_mut().zip(blk).zip(&xs) {
             *a = _mm512_fmadd_ps(d, bk, *a);
-            if fmt == Format::Q4_1 {
+            if fmt.has_mins() {
                 *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*xsum), *a);
             }
         }

@@ -1,14 +1,23 @@
 //! Linear layers over weights kept in ggml's 32-value blocks (Q8_0, Q4_0,
-//! Q4_1) on the CPU, dequantized in registers.
+//! Q4_1, and Q4_K split into 32-value blocks) on the CPU, dequantized in
+//! registers.
 //!
 //! A decode step reads every weight once, so it is bound by memory: reading
-//! 8.5 (Q8_0), 4.5 (Q4_0) or 5 (Q4_1) bits per weight instead of f32's 32 is
-//! the win. At load, a GGUF tensor's rows ([`QuantRows`], ggml's layout: each
-//! output's blocks in a row) are repacked into a [`QuantMatrix`]: groups of
-//! 16 output columns, and per group and 32-value block the 16 columns' quants
-//! interleaved four k at a time (one 512-bit vector holds 4 k of 16 columns),
-//! then the 16 columns' f16 scales (and Q4_1's f16 mins). The bits per weight
-//! stay the format's own.
+//! 8.5 (Q8_0), 4.5 (Q4_0), 5 (Q4_1) or 6 (Q4_K as held) bits per weight
+//! instead of f32's 32 is the win. At load, a GGUF tensor's rows
+//! ([`QuantRows`], ggml's layout: each output's blocks in a row) are
+//! repacked into a [`QuantMatrix`]: groups of 16 output columns, and per
+//! group and 32-value block the 16 columns' quants interleaved four k at a
+//! time (one 512-bit vector holds 4 k of 16 columns), then the 16 columns'
+//! f16 scales (and Q4_1's f16 mins). The bits per weight stay the format's
+//! own.
+//!
+//! Q4_K (4.5 bits in the file: 256-value super-blocks with an f16 scale and
+//! min scale and 6-bit scales and mins per 32 values) is held as Q4_1-like
+//! 32-value blocks whose scale `d * sc` and min `-(dmin * m)` are f32, as
+//! ggml's dequantization computes them: exact, and the kernels stay the
+//! Q4_1 ones but for loading f32 instead of f16 scales, for 1.5 bits a
+//! weight more than the file (the f16 products do not fit an f16).
 //!
 //! Two kernels, three kinds of activations (see [`Activations`] and
 //! `activations.rs`):
@@ -61,46 +70,79 @@ pub(crate) enum Format {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// Q4_K, split at load into 32-value blocks of Q4_1's layout whose
+    /// scale and min are f32: a Q4_K sub-block's `d * sc` and `-(dmin * m)`,
+    /// exactly as ggml's dequantization computes them (see `rows.rs`).
+    Q4K,
 }
 
 impl Format {
+    /// The format a GGUF type is held in, if it is kept quantized (Q5_0's
+    /// values are Q8_0 ones, see `rows.rs`).
     pub(crate) fn of(kind: GgmlType) -> Option<Self> {
         match kind {
-            GgmlType::Q8_0 => Some(Self::Q8_0),
+            GgmlType::Q8_0 | GgmlType::Q5_0 => Some(Self::Q8_0),
             GgmlType::Q4_0 => Some(Self::Q4_0),
             GgmlType::Q4_1 => Some(Self::Q4_1),
+            GgmlType::Q4K => Some(Self::Q4K),
             _ => None,
         }
     }
 
+    /// The GGUF type whose blocks this format's are (Q8_0 also holds
+    /// Q5_0's values).
     pub(crate) fn ggml(self) -> GgmlType {
         match self {
             Self::Q8_0 => GgmlType::Q8_0,
             Self::Q4_0 => GgmlType::Q4_0,
             Self::Q4_1 => GgmlType::Q4_1,
+            Self::Q4K => GgmlType::Q4K,
         }
+    }
+
+    /// Bytes of one 32-value block as [`QuantRows`] holds it: ggml's own
+    /// block, but for Q4_K's 32-value pieces (f32 scale, f32 min, 16 bytes
+    /// of quants in Q4_1's order).
+    pub(crate) fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4K => 4 + 4 + QK / 2,
+            _ => self.ggml().block().1,
+        }
+    }
+
+    /// Whether a value is `d * q + m` (a min per block) rather than
+    /// `d * (q - offset)`.
+    fn has_mins(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q4K)
+    }
+
+    /// Whether the blocks' scales and mins are f32 (else f16).
+    fn f32_scales(self) -> bool {
+        self == Self::Q4K
     }
 
     /// Bytes of one group's quants for one block (16 columns x 32 values).
     fn quant_bytes(self) -> usize {
         match self {
             Self::Q8_0 => NG * QK,
-            Self::Q4_0 | Self::Q4_1 => NG * QK / 2,
+            Self::Q4_0 | Self::Q4_1 | Self::Q4K => NG * QK / 2,
         }
     }
 
-    /// Bytes of one group-block: quants, then 16 f16 scales (and 16 f16 mins).
+    /// Bytes of one group-block: quants, then 16 scales (and 16 mins), f16
+    /// or (Q4_K) f32.
     fn stride(self) -> usize {
-        self.quant_bytes() + 2 * NG * if self == Self::Q4_1 { 2 } else { 1 }
+        let width = if self.f32_scales() { 4 } else { 2 };
+        self.quant_bytes() + width * NG * if self.has_mins() { 2 } else { 1 }
     }
 
     /// What is added to a stored quant to make it unsigned: a value is
-    /// `d * (q - offset)` (plus `m` for Q4_1).
+    /// `d * (q - offset)` (plus `m` for Q4_1 and Q4_K).
     fn offset(self) -> i32 {
         match self {
             Self::Q8_0 => 128,
             Self::Q4_0 => 8,
-            Self::Q4_1 => 0,
+            Self::Q4_1 | Self::Q4K => 0,
         }
     }
 }
@@ -214,14 +256,17 @@ impl QuantMatrix {
                         }
                         dst[qb + 2 * c..qb + 2 * c + 2].copy_from_slice(&src[..2]);
                     }
-                    Format::Q4_0 | Format::Q4_1 => {
+                    Format::Q4_0 | Format::Q4_1 | Format::Q4K => {
                         let qs = &src[src.len() - 16..];
                         for p in 0..4 {
                             dst[p * 64 + c * 4..][..4].copy_from_slice(&qs[4 * p..4 * p + 4]);
                         }
-                        dst[qb + 2 * c..qb + 2 * c + 2].copy_from_slice(&src[..2]);
-                        if fmt == Format::Q4_1 {
-                            dst[qb + 2 * NG + 2 * c..][..2].copy_from_slice(&src[2..4]);
+                        // The scale (and min): f16 at 2c (and 2 NG + 2c),
+                        // or Q4_K's f32 at 4c and 4 NG + 4c.
+                        let w = if fmt.f32_scales() { 4 } else { 2 };
+                        dst[qb + w * c..][..w].copy_from_slice(&src[..w]);
+                        if fmt.has_mins() {
+                            dst[qb + w * NG + w * c..][..w].copy_from_slice(&src[w..2 * w]);
                         }
                     }
                 }
@@ -256,22 +301,26 @@ impl QuantMatrix {
         let q = kk / 4;
         match self.fmt {
             Format::Q8_0 => gb[q * 64 + c * 4 + kk % 4],
-            Format::Q4_0 | Format::Q4_1 => {
+            Format::Q4_0 | Format::Q4_1 | Format::Q4K => {
                 let byte = gb[(q % 4) * 64 + c * 4 + kk % 4];
                 if q < 4 { byte & 0x0f } else { byte >> 4 }
             }
         }
     }
 
-    /// Scale and min (0 but for Q4_1) of column `c` of a group-block.
+    /// Scale and min (0 but for Q4_1 and Q4_K) of column `c` of a
+    /// group-block.
     fn scale_min(&self, gb: &[u8], c: usize) -> (f32, f32) {
         let sc = &gb[self.fmt.quant_bytes()..];
-        let m = if self.fmt == Format::Q4_1 {
-            f16(sc, NG + c)
-        } else {
-            0.0
+        let at = |i: usize| {
+            if self.fmt.f32_scales() {
+                f32::from_le_bytes(sc[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+            } else {
+                f16(sc, i)
+            }
         };
-        (f16(sc, c), m)
+        let m = if self.fmt.has_mins() { at(NG + c) } else { 0.0 };
+        (at(c), m)
     }
 
     /// Row `r` of the weight (output column r) in f32, as ggml's reference
@@ -286,7 +335,7 @@ impl QuantMatrix {
             for kk in 0..QK {
                 let q = i32::from(self.quant(gb, c, kk)) - off;
                 out[b * QK + kk] = match self.fmt {
-                    Format::Q4_1 => q as f32 * d + m,
+                    Format::Q4_1 | Format::Q4K => q as f32 * d + m,
                     _ => q as f32 * d,
                 };
             }
@@ -446,7 +495,7 @@ impl QuantMatrix {
                         isum = 128 * isum + dot(c, q2);
                     }
                     *acc = (d * xb.scale).mul_add((isum - xb.corr) as f32, *acc);
-                    if self.fmt == Format::Q4_1 {
+                    if self.fmt.has_mins() {
                         *acc = m.mul_add(xb.sx, *acc);
                     }
                 }
@@ -478,7 +527,7 @@ impl QuantMatrix {
                     }
                     let (d, m) = self.scale_min(gb, c);
                     *acc = d.mul_add(blk, *acc);
-                    if self.fmt == Format::Q4_1 {
+                    if self.fmt.has_mins() {
                         *acc = m.mul_add(xsum, *acc);
                     }
                 }
@@ -516,13 +565,10 @@ pub fn time_matmul(
     }
     let fmt = Format::of(fmt)
         .ok_or_else(|| EngineError::Unsupported(format!("{fmt:?} is not kept quantized")))?;
-    if !k.is_multiple_of(QK) || n == 0 || m == 0 {
+    let (per, bytes) = fmt.ggml().block();
+    if !k.is_multiple_of(per) || n == 0 || m == 0 {
         return Err(EngineError::Step(format!("bad shape n {n} k {k} m {m}")));
     }
-    let (bytes, qk) = (
-        fmt.ggml().block().1,
-        if fmt == Format::Q8_0 { QK } else { QK / 2 },
-    );
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         seed ^= seed >> 12;
@@ -530,15 +576,23 @@ pub fn time_matmul(
         seed ^= seed >> 27;
         (seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
     };
-    let mut data = Vec::with_capacity(n * k / QK * bytes);
-    for _ in 0..n * k / QK {
-        data.extend(0x2400u16.to_le_bytes());
-        if fmt == Format::Q4_1 {
-            data.extend(0xa400u16.to_le_bytes());
+    // Each ggml block: its f16 scale (and min, or Q4_K's min scale), then
+    // random bytes (quants, and Q4_K's packed sub-block scales).
+    let header: &[u16] = match fmt {
+        Format::Q8_0 | Format::Q4_0 => &[0x2400],
+        Format::Q4_1 => &[0x2400, 0xa400],
+        Format::Q4K => &[0x2000, 0x2000],
+    };
+    let mut data = Vec::with_capacity(n * k / per * bytes);
+    for _ in 0..n * k / per {
+        for h in header {
+            data.extend(h.to_le_bytes());
         }
-        data.extend((0..qk).map(|_| next()));
+        data.extend((0..bytes - 2 * header.len()).map(|_| next()));
     }
-    let w = QuantMatrix::new(&QuantRows::new(fmt, n, k, data).map_err(EngineError::Step)?);
+    let w = QuantMatrix::new(
+        &QuantRows::from_ggml(fmt.ggml(), n, k, &data).map_err(EngineError::Step)?,
+    );
     let x: Vec<f32> = (0..m * k).map(|_| f32::from(next()) / 64.0 - 2.0).collect();
     let workers = crate::gemm::Workers::new(threads)?;
     let mut out = vec![0f32; m * n];

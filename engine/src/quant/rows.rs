@@ -7,6 +7,7 @@ use tch::Tensor;
 
 use super::{Format, QK};
 use crate::EngineError;
+use crate::gguf::GgmlType;
 
 #[derive(Clone)]
 pub(crate) struct QuantRows {
@@ -17,9 +18,10 @@ pub(crate) struct QuantRows {
 }
 
 impl QuantRows {
-    /// `data` holds `n` rows of `k` values of `fmt`'s blocks.
+    /// `data` holds `n` rows of `k` values of `fmt`'s blocks as this type
+    /// holds them ([`Format::block_bytes`]).
     pub(crate) fn new(fmt: Format, n: usize, k: usize, data: Vec<u8>) -> Result<Self, String> {
-        let bytes = fmt.ggml().block().1;
+        let bytes = fmt.block_bytes();
         if !k.is_multiple_of(QK) || data.len() != n * (k / QK) * bytes {
             return Err(format!(
                 "{} bytes are not {n} rows of {k} {fmt:?} values",
@@ -27,6 +29,40 @@ impl QuantRows {
             ));
         }
         Ok(Self { fmt, n, k, data })
+    }
+
+    /// `data` holds `n` rows of `k` values as a GGUF file stores `kind`, a
+    /// type that [`Format::of`] keeps quantized: Q8_0, Q4_0 and Q4_1 kept as
+    /// they are, Q5_0's blocks widened to Q8_0's (see [`q5_0_as_q8_0`]) and
+    /// Q4_K's 256-value super-blocks split into 32-value blocks (see
+    /// [`split_q4_k`]), both exact.
+    pub(crate) fn from_ggml(
+        kind: GgmlType,
+        n: usize,
+        k: usize,
+        data: &[u8],
+    ) -> Result<Self, String> {
+        let fmt = Format::of(kind).ok_or_else(|| format!("{kind:?} is not kept quantized"))?;
+        let (per, bytes) = kind.block();
+        if !k.is_multiple_of(per) || data.len() != n * (k / per) * bytes {
+            return Err(format!(
+                "{} bytes are not {n} rows of {k} {kind:?} values",
+                data.len()
+            ));
+        }
+        let convert = |f: fn(&[u8], &mut Vec<u8>)| {
+            let mut out = Vec::with_capacity(n * (k / QK) * fmt.block_bytes());
+            for block in data.chunks_exact(bytes) {
+                f(block, &mut out);
+            }
+            out
+        };
+        let data = match kind {
+            GgmlType::Q5_0 => convert(q5_0_as_q8_0),
+            GgmlType::Q4K => convert(split_q4_k),
+            _ => data.to_vec(),
+        };
+        Self::new(fmt, n, k, data)
     }
 
     pub(crate) fn format(&self) -> Format {
@@ -48,12 +84,12 @@ impl QuantRows {
     }
 
     fn row_bytes(&self) -> usize {
-        self.k / QK * self.fmt.ggml().block().1
+        self.k / QK * self.fmt.block_bytes()
     }
 
     /// Block `b` of row `r`, as ggml stores it.
     pub(crate) fn block(&self, r: usize, b: usize) -> &[u8] {
-        let bytes = self.fmt.ggml().block().1;
+        let bytes = self.fmt.block_bytes();
         &self.data[r * self.row_bytes() + b * bytes..][..bytes]
     }
 
@@ -89,8 +125,81 @@ impl QuantRows {
     /// The weight dequantized to an f32 tensor [n, k] (ggml's reference
     /// dequantization, bit for bit).
     pub(crate) fn dequantize(&self) -> Result<Tensor, EngineError> {
-        let values = crate::gguf::dequantize(self.fmt.ggml(), &self.data, self.n * self.k)
-            .map_err(EngineError::Step)?;
+        let values = match self.fmt {
+            Format::Q4K => self
+                .data
+                .chunks_exact(self.fmt.block_bytes())
+                .flat_map(|b| {
+                    let (d, m) = q4_k_block_scale_min(b);
+                    let qs = &b[8..];
+                    (0..QK).map(move |i| {
+                        let q = if i < 16 {
+                            qs[i] & 0x0f
+                        } else {
+                            qs[i - 16] >> 4
+                        };
+                        q as f32 * d + m
+                    })
+                })
+                .collect(),
+            _ => crate::gguf::dequantize(self.fmt.ggml(), &self.data, self.n * self.k)
+                .map_err(EngineError::Step)?,
+        };
         Ok(Tensor::f_from_slice(&values)?.f_reshape([self.n as i64, self.k as i64])?)
+    }
+}
+
+/// One Q5_0 block (f16 `d`, 32 high bits, 16 bytes of low nibbles) appended
+/// to `out` as a Q8_0 block: the same `d` and the 32 values `q - 16` as
+/// int8. ggml dequantizes both as `(q as f32) * d`, so the values are the
+/// same to the bit (at 8.5 bits a value instead of 5.5).
+fn q5_0_as_q8_0(b: &[u8], out: &mut Vec<u8>) {
+    use crate::gguf::dequant::q5_high;
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..22];
+    out.extend_from_slice(&b[..2]);
+    let value = |j: usize| -> u8 {
+        let (h0, h1) = q5_high(qh, j % 16);
+        let q = if j < 16 {
+            (qs[j] & 0x0f) | h0
+        } else {
+            (qs[j - 16] >> 4) | h1
+        };
+        (i32::from(q) - 16) as i8 as u8
+    };
+    out.extend((0..QK).map(value));
+}
+
+/// A Q4_K piece's f32 scale and min (as [`split_q4_k`] wrote them).
+fn q4_k_block_scale_min(b: &[u8]) -> (f32, f32) {
+    let f = |i: usize| f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    (f(0), f(4))
+}
+
+/// One Q4_K super-block (f16 `d` and `dmin`, 12 bytes of 6-bit sub-block
+/// scales and mins, 128 bytes of quants: 64 values per 32 bytes, low
+/// nibbles first) appended to `out` as 8 blocks of 32 values, each its f32
+/// scale `d * sc`, its f32 min `-(dmin * m)` and its 16 bytes of quants in
+/// Q4_1's order (value i in the low nibble of byte i, value 16 + i in the
+/// high one). ggml dequantizes a value as `d * sc * q - dmin * m` with the
+/// two products rounded to f32 first, which is `scale * q + min` to the bit.
+fn split_q4_k(sb: &[u8], out: &mut Vec<u8>) {
+    use crate::gguf::dequant::{f16_to_f32, scale_min_k4};
+    let d = f16_to_f32(u16::from_le_bytes([sb[0], sb[1]]));
+    let dmin = f16_to_f32(u16::from_le_bytes([sb[2], sb[3]]));
+    let (scales, qs) = (&sb[4..16], &sb[16..16 + 128]);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, scales);
+        out.extend((d * f32::from(sc)).to_le_bytes());
+        out.extend((-(dmin * f32::from(m))).to_le_bytes());
+        let bytes = &qs[32 * (j / 2)..][..32];
+        let v = |i: usize| {
+            if j % 2 == 0 {
+                bytes[i] & 0x0f
+            } else {
+                bytes[i] >> 4
+            }
+        };
+        out.extend((0..16).map(|i| v(i) | (v(i + 16) << 4)));
     }
 }

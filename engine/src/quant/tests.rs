@@ -32,21 +32,39 @@ impl Rng {
     }
 }
 
-const FORMATS: [Format; 3] = [Format::Q8_0, Format::Q4_0, Format::Q4_1];
+const FORMATS: [Format; 4] = [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q4K];
 
-/// Random rows of `fmt` (scales and quants), as a GGUF file holds them.
-fn random_rows(fmt: Format, n: usize, k: usize, seed: u64) -> QuantRows {
+/// `k` rounded up to what `fmt`'s blocks allow (Q4_K's super-blocks hold
+/// 256 values).
+fn fit(fmt: Format, k: usize) -> usize {
+    k.next_multiple_of(fmt.ggml().block().0)
+}
+
+/// Random ggml blocks of `fmt` for `n` rows of `k` values, as a GGUF file
+/// holds them: scales, (Q4_1) negative mins or (Q4_K) positive min
+/// scales, then random bytes (quants, and Q4_K's packed 6-bit sub-block
+/// scales and mins).
+fn random_ggml(fmt: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
+    let (per, bytes) = fmt.ggml().block();
     let mut data = Vec::new();
-    for _ in 0..n * k / QK {
+    for _ in 0..n * k / per {
+        let start = data.len();
         data.extend(rng.half(false));
-        if fmt == Format::Q4_1 {
-            data.extend(rng.half(true));
+        match fmt {
+            Format::Q4_1 => data.extend(rng.half(true)),
+            Format::Q4K => data.extend(rng.half(false)),
+            _ => {}
         }
-        let quants = if fmt == Format::Q8_0 { QK } else { QK / 2 };
-        data.extend((0..quants).map(|_| rng.byte()));
+        let rest = bytes - (data.len() - start);
+        data.extend((0..rest).map(|_| rng.byte()));
     }
-    QuantRows::new(fmt, n, k, data).expect("rows")
+    data
+}
+
+/// Random rows of `fmt`, as the loader makes them from a GGUF's blocks.
+fn random_rows(fmt: Format, n: usize, k: usize, seed: u64) -> QuantRows {
+    QuantRows::from_ggml(fmt.ggml(), n, k, &random_ggml(fmt, n, k, seed)).expect("rows")
 }
 
 /// The kernels this CPU runs (the portable one always).
@@ -83,6 +101,7 @@ fn matches_the_dequantized_matmul_within_the_activation_rounding() {
     tch::manual_seed(11);
     for fmt in FORMATS {
         for (n, k) in [(40usize, 64usize), (64, 576), (17, 1536)] {
+            let k = fit(fmt, k);
             let rows = random_rows(fmt, n, k, 7 + n as u64);
             let w = QuantMatrix::new(&rows);
             let wd = rows.dequantize().expect("dequantize");
@@ -133,7 +152,7 @@ fn matches_the_dequantized_matmul_within_the_activation_rounding() {
 fn int8_kernel_is_the_product_with_the_rounded_activations() {
     tch::manual_seed(14);
     for fmt in FORMATS {
-        let (n, k) = (48usize, 576usize);
+        let (n, k) = (48usize, fit(fmt, 576));
         let rows = random_rows(fmt, n, k, 31);
         let w = QuantMatrix::new(&rows);
         let wv: Vec<f32> = Vec::try_from(&rows.dequantize().expect("w").flatten(0, -1)).expect("w");
@@ -185,8 +204,9 @@ fn int8_kernel_is_the_product_with_the_rounded_activations() {
 fn a_row_is_the_same_alone_and_in_a_batch() {
     tch::manual_seed(12);
     for fmt in FORMATS {
-        let w = QuantMatrix::new(&random_rows(fmt, 48, 128, 3));
-        let x = Tensor::randn([13, 128], (Kind::Float, Device::Cpu));
+        let k = fit(fmt, 128);
+        let w = QuantMatrix::new(&random_rows(fmt, 48, k, 3));
+        let x = Tensor::randn([13, k as i64], (Kind::Float, Device::Cpu));
         for acts in ACTIVATIONS {
             for kernel in kernels() {
                 let row = 4usize;
@@ -220,8 +240,9 @@ fn simd_and_portable_kernels_agree_exactly() {
     }
     tch::manual_seed(13);
     for fmt in FORMATS {
-        let w = QuantMatrix::new(&random_rows(fmt, 40, 320, 5));
-        let x = Tensor::randn([8, 320], (Kind::Float, Device::Cpu)) * 3.0;
+        let k = fit(fmt, 320);
+        let w = QuantMatrix::new(&random_rows(fmt, 40, k, 5));
+        let x = Tensor::randn([8, k as i64], (Kind::Float, Device::Cpu)) * 3.0;
         let _ = x.narrow(1, 0, 32).fill_(0.0);
         let _ = x.narrow(1, 32, 32).fill_(-2.5);
         for acts in ACTIVATIONS {
@@ -246,7 +267,7 @@ fn simd_and_portable_kernels_agree_exactly() {
 #[test]
 fn rows_read_back_as_ggml_dequantizes_them() {
     for fmt in FORMATS {
-        let rows = random_rows(fmt, 37, 96, 9);
+        let rows = random_rows(fmt, 37, fit(fmt, 96), 9);
         let w = QuantMatrix::new(&rows);
         let ids = [0i64, 36, 17, 16, 17];
         let got = w.rows(&ids).expect("rows");
@@ -257,6 +278,66 @@ fn rows_read_back_as_ggml_dequantizes_them() {
         assert!(got.equal(&want), "{fmt:?}");
         assert!(w.rows(&[37]).is_err(), "{fmt:?}: an id past the rows");
     }
+}
+
+/// The GGUF types converted at load (Q4_K's super-blocks split into
+/// 32-value blocks, Q5_0's blocks widened to Q8_0's) dequantize, bit for
+/// bit, as ggml's reference dequantizes the file's blocks (`dequant.rs`,
+/// checked against the `gguf` package elsewhere): every 6-bit sub-block
+/// scale and min, every fifth bit.
+#[test]
+fn converted_types_dequantize_as_ggml() {
+    use crate::gguf::GgmlType;
+    let mut rng = Rng(41);
+    let (n, k) = (9usize, 768usize);
+    for (kind, held) in [(GgmlType::Q4K, Format::Q4K), (GgmlType::Q5_0, Format::Q8_0)] {
+        let (per, bytes) = kind.block();
+        let mut raw = Vec::new();
+        for _ in 0..n * k / per {
+            let start = raw.len();
+            raw.extend(rng.half(false));
+            if kind == GgmlType::Q4K {
+                raw.extend(rng.half(false));
+            }
+            let rest = bytes - (raw.len() - start);
+            raw.extend((0..rest).map(|_| rng.byte()));
+        }
+        let want = crate::gguf::dequantize(kind, &raw, n * k).expect("ggml");
+        let rows = QuantRows::from_ggml(kind, n, k, &raw).expect("rows");
+        assert_eq!(rows.format(), held, "{kind:?}");
+        let got: Vec<f32> =
+            Vec::try_from(&rows.dequantize().expect("dequantize").flatten(0, -1)).expect("vec");
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{kind:?} value {i}: {g} vs {w}");
+        }
+        // The kernels see the same weights: a product with one-hot rows
+        // reads the dequantized values back (f32 activations, no rounding).
+        let w = QuantMatrix::new(&rows);
+        let eye = Tensor::eye(k as i64, (Kind::Float, Device::Cpu));
+        let prod = run(&w, &eye.narrow(0, 0, 64), Activations::F32, Kernel::best());
+        for r in 0..64 {
+            for c in 0..n {
+                assert_eq!(
+                    prod[r * n + c].to_bits(),
+                    want[c * k + r].to_bits(),
+                    "{kind:?} {r} {c}"
+                );
+            }
+        }
+        assert!(
+            QuantRows::from_ggml(kind, n, 640 + 16, &raw).is_err(),
+            "{kind:?} bad width"
+        );
+        assert!(
+            QuantRows::from_ggml(kind, n, k, &raw[1..]).is_err(),
+            "{kind:?} short data"
+        );
+    }
+    assert!(
+        QuantRows::from_ggml(GgmlType::Q6K, 1, 256, &[0; 210]).is_err(),
+        "Q6_K is not held"
+    );
 }
 
 /// Permuting and stacking rows in ggml's layout is permuting and stacking
