@@ -6,7 +6,7 @@
 //! `DEVICE=cuda` (or `auto`) runs it on the GPU; the default is the CPU.
 //! `TEMP=1` samples (temperature 1, top-p 0.9) instead of decoding greedily.
 //! `WEIGHTS=f32` dequantizes a GGUF's weights at load (the default keeps
-//! Q8_0/Q5_0/Q4_0/Q4_1/Q4_K matrices quantized on an AVX-512 VNNI or AVX2
+//! Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrices quantized on an AVX-512 VNNI or AVX2
 //! CPU);
 //! `WEIGHTS=q-f32act` keeps them quantized with f32 activations instead of
 //! int8 ones; `WEIGHTS=q-int8` with int8 activations and no residual.

@@ -175,7 +175,7 @@ pub struct EngineOptions {
     /// as many as the target's pool has (the same token capacity; a draft
     /// with fewer layers takes fewer bytes).
     pub draft_num_blocks: Option<usize>,
-    /// How GGUF weights are held: by default a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K
+    /// How GGUF weights are held: by default a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K
     /// matrices stay in their blocks on a float32 CPU with AVX-512 VNNI
     /// (`quant`'s kernels); `dequantize` turns every weight to f32 at load.
     pub load_options: LoadOptions,

@@ -161,8 +161,8 @@ fn quantized_smollm2_logits_stay_near_the_dequantized_model() {
 
 /// Gemma 3 270M Q4_K_M: its Q8_0 embedding (tied to the LM head, scaled by
 /// sqrt(hidden) on lookup), its Q5_0 and Q8_0 projections (held as Q8_0,
-/// so the q/k/v stacks that mix them stay quantized) and its Q4_K ones
-/// stay quantized; only the Q6_K down projections are dequantized.
+/// so the q/k/v stacks that mix them stay quantized) and its Q4_K and Q6_K
+/// ones: every matrix stays quantized.
 #[test]
 fn quantized_gemma3_logits_stay_near_the_dequantized_model() {
     if !quantized_here() {
@@ -274,8 +274,8 @@ fn quantized_smollm2_answers_the_france_question() {
 
 /// Which tensors stay quantized, and the bytes the engine holds for them
 /// (what the server's memory check counts): SmolLM2's every matrix (Q4_1
-/// layers, Q8_0 embedding), 92 MiB against 513 MiB in f32; of Gemma 3's
-/// every matrix but the Q6_K down projections.
+/// layers, Q8_0 embedding), 92 MiB against 513 MiB in f32; Gemma 3's every
+/// matrix (Q8_0, Q5_0, Q4_K, Q6_K).
 #[test]
 fn the_held_bytes_count_quantized_matrices_at_their_size() {
     use gyre_engine::gguf::model::{held_bytes, stays_quantized};
@@ -325,22 +325,16 @@ fn the_held_bytes_count_quantized_matrices_at_their_size() {
         .filter(|t| stays_quantized(&gemma, t))
         .map(|t| t.name.as_str())
         .collect();
-    // Every matrix but the 9 Q6_K down projections: the embedding, and
-    // per layer q, k, v, o, gate, up (18 layers), and 9 Q4_K downs.
-    let q6k = gyre_engine::gguf::GgmlType::Q6K;
+    // Every matrix: the embedding, and per layer q, k, v, o, gate, up and
+    // down (18 layers).
     for t in gemma.tensors.iter().filter(|t| t.dims.len() == 2) {
-        let kind = gyre_engine::gguf::GgmlType::from_id(t.kind).expect("known type");
-        assert_eq!(
-            kept.contains(&t.name.as_str()),
-            kind != q6k,
-            "{} {kind:?}",
-            t.name
-        );
+        assert!(kept.contains(&t.name.as_str()), "{} is dequantized", t.name);
     }
-    assert_eq!(kept.len(), 1 + 18 * 6 + 9);
+    assert_eq!(kept.len(), 1 + 18 * 7);
     // Held as the engine holds them: Q5_0 widened to Q8_0's 34 bytes a
     // block of 32, Q4_K in 32-value blocks of 24 bytes (f32 scale and min,
-    // 16 bytes of quants), Q8_0 as in the file.
+    // 16 bytes of quants), Q6_K in 32-value blocks of 40 (two f32 scales,
+    // 32 bytes of quants), Q8_0 as in the file.
     let want: u64 = gemma
         .tensors
         .iter()
@@ -350,6 +344,7 @@ fn the_held_bytes_count_quantized_matrices_at_their_size() {
                 _ if !kept.contains(&t.name.as_str()) => 4 * t.elements(),
                 gyre_engine::gguf::GgmlType::Q5_0 => t.elements() / 32 * 34,
                 gyre_engine::gguf::GgmlType::Q4K => t.elements() / 32 * 24,
+                gyre_engine::gguf::GgmlType::Q6K => t.elements() / 32 * 40,
                 _ => gemma.raw(t).expect("raw").len() as u64,
             }
         })

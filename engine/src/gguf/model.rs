@@ -233,7 +233,7 @@ fn stacked_with(name: &str) -> Vec<String> {
 }
 
 /// Whether tensor `t` stays in its quantized blocks when the loader keeps
-/// quantized weights: a 2-d Q8_0, Q5_0, Q4_0, Q4_1 or Q4_K matrix whose
+/// quantized weights: a 2-d Q8_0, Q5_0, Q4_0, Q4_1, Q4_K or Q6_K matrix whose
 /// stacking partners (q, k, v; gate, up), if any, are held in the same
 /// format (Q5_0 and Q8_0 both as Q8_0; a stack of other mixed formats is
 /// dequantized).
@@ -252,8 +252,8 @@ pub fn stays_quantized(file: &GgufFile, t: &TensorInfo) -> bool {
 /// Bytes the engine holds for `file`'s weights: tensors that stay
 /// quantized (when `keep_quantized`, see [`stays_quantized`]) at the size
 /// of the blocks they are held in (their size in the file, but Q5_0's held
-/// as Q8_0 and Q4_K's 6 bits a value), the others at `element_bytes` per
-/// element.
+/// as Q8_0, Q4_K's at 6 bits a value and Q6_K's at 10), the others at
+/// `element_bytes` per element.
 pub fn held_bytes(file: &GgufFile, element_bytes: u64, keep_quantized: bool) -> u64 {
     file.tensors
         .iter()

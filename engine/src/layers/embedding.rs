@@ -1,5 +1,5 @@
 //! The token embedding: a tensor whose rows are looked up, or, for a GGUF
-//! embedding kept quantized (Q8_0/Q5_0/Q4_0/Q4_1/Q4_K on the CPU), its blocks, each
+//! embedding kept quantized (Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K on the CPU), its blocks, each
 //! looked-up row dequantized as ggml does (bit for bit the row the f32
 //! path holds). Keeping the blocks lets a tied LM head share them: for
 //! SmolLM2-135M the Q8_0 embedding is 30 MiB instead of 113 MiB of f32, held

@@ -1,5 +1,5 @@
 //! Reading a checkpoint's tensors and handing them to the model code by
-//! name, on the model's device and dtype. A GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K matrices
+//! name, on the model's device and dtype. A GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrices
 //! may come as quantized rows ([`QuantRows`]): linear layers and the
 //! embedding take them as they are (`take_linear`), anything else gets
 //! them dequantized.

@@ -196,7 +196,7 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// Whether a GGUF's quantized matrices (Q8_0, Q5_0, Q4_0, Q4_1, Q4_K)
+    /// Whether a GGUF's quantized matrices (Q8_0, Q5_0, Q4_0, Q4_1, Q4_K, Q6_K)
     /// stay quantized on `device` in `kind`: on a float32 CPU with AVX-512
     /// VNNI or AVX2, unless `dequantize`.
     pub fn keeps_quantized(&self, device: Device, kind: Kind) -> bool {
@@ -216,7 +216,7 @@ pub fn load(path: &Path, device: Device, kind: Kind) -> Result<Box<dyn Model>, E
     load_with(path, device, kind, LoadOptions::default())
 }
 
-/// [`load`], with a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K matrices kept quantized where
+/// [`load`], with a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrices kept quantized where
 /// `opts` allows (see [`LoadOptions::keeps_quantized`]).
 pub fn load_with(
     path: &Path,

@@ -20,7 +20,10 @@ pub(super) enum Rows<'a> {
 /// value of one unit of the block's combined integer dot product (`dx`, or
 /// `dx / 128` with the residual, whose dot product is `128 q.w + q2.w`),
 /// and `corr`, the weights' offset times the matching combination of the
-/// quants' sums (`off * sum`, or `off * (128 sum + sum2)`).
+/// quants' sums (`off * sum`, or `off * (128 sum + sum2)`). For weights
+/// with a scale per 16 values (Q6_K), `corr_lo` is the same over each
+/// block's first 16 values (the second 16's is `corr - corr_lo`); empty
+/// otherwise.
 pub(super) struct QuantizedRows {
     blocks: usize,
     pub(super) q: Vec<i8>,
@@ -28,6 +31,7 @@ pub(super) struct QuantizedRows {
     pub(super) residual: Option<(Vec<i8>, Vec<i32>)>,
     pub(super) scale: Vec<f32>,
     pub(super) corr: Vec<i32>,
+    pub(super) corr_lo: Vec<i32>,
 }
 
 /// One block of [`QuantizedRows`].
@@ -37,6 +41,9 @@ pub(super) struct QuantBlock<'a> {
     pub(super) q2: Option<&'a [i8]>,
     pub(super) scale: f32,
     pub(super) corr: i32,
+    /// `corr` over the first 16 values (0 unless the rows were made with
+    /// `halves`).
+    pub(super) corr_lo: i32,
     pub(super) sx: f32,
 }
 
@@ -60,13 +67,14 @@ fn round_i8(v: f32) -> i8 {
 impl QuantizedRows {
     /// `dx = max|x| / 127`, `q = round(x / dx)` (0 for an all-zero block);
     /// with `residual`, `q2 = round((x - dx q) / (dx / 128))`, within
-    /// [-65, 65].
+    /// [-65, 65]. With `halves`, also each block's `corr_lo`.
     pub(super) fn new(
         x: &[f32],
         m: usize,
         k: usize,
         residual: bool,
         off: i32,
+        halves: bool,
         workers: Option<&crate::workers::Workers>,
     ) -> Self {
         let blocks = k / QK;
@@ -134,6 +142,19 @@ impl QuantizedRows {
             ),
             None => (d.clone(), sum.iter().map(|&s| off * s).collect()),
         };
+        let corr_lo = if halves {
+            let lo = |v: &[i8], i: usize| -> i32 {
+                v[i * QK..][..QK / 2].iter().map(|&a| i32::from(a)).sum()
+            };
+            (0..m * blocks)
+                .map(|i| match &res {
+                    Some((q2, _)) => off * (128 * lo(&q, i) + lo(q2, i)),
+                    None => off * lo(&q, i),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Self {
             blocks,
             q,
@@ -141,6 +162,7 @@ impl QuantizedRows {
             residual: res,
             scale,
             corr,
+            corr_lo,
         }
     }
 
@@ -152,6 +174,7 @@ impl QuantizedRows {
             q2: self.residual.as_ref().map(|(q2, _)| &q2[i * QK..][..QK]),
             scale: self.scale[i],
             corr: self.corr[i],
+            corr_lo: self.corr_lo.get(i).copied().unwrap_or(0),
             sx: self.sx[i],
         }
     }
@@ -350,12 +373,13 @@ mod tests {
             .collect();
         let workers = crate::workers::Workers::new(2).expect("workers");
         for residual in [false, true] {
-            let a = super::QuantizedRows::new(&x, m, k, residual, 128, None);
-            let b = super::QuantizedRows::new(&x, m, k, residual, 128, Some(&workers));
+            let a = super::QuantizedRows::new(&x, m, k, residual, 128, true, None);
+            let b = super::QuantizedRows::new(&x, m, k, residual, 128, true, Some(&workers));
             assert_eq!(a.q, b.q);
             assert_eq!(a.sx, b.sx);
             assert_eq!(a.residual, b.residual);
             assert_eq!(a.corr, b.corr);
+            assert_eq!(a.corr_lo, b.corr_lo);
             assert_eq!(a.scale, b.scale);
             assert!(a.q.iter().any(|&v| v != 0));
         }

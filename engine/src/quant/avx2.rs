@@ -17,6 +17,9 @@
 //!   applied), since the product is already the signed one. The activation
 //!   quants are within [-127, 127] (see `activations.rs`), so the sign flip
 //!   never overflows.
+//! - Q6_K's (0..63) go in unsigned as stored (a pair at most 2 * 63 * 128),
+//!   each widened alone, each 16 values' products summed apart (one scale
+//!   each).
 
 #![allow(unsafe_code)]
 
@@ -53,15 +56,15 @@ pub(super) fn tile(
 }
 
 /// Half `h`'s 8 vectors of one group-block's quants as stored (Q8_0:
-/// unsigned, offset by 128; Q4: 0..15): vector q holds k = 4q .. 4q+4 of
+/// unsigned, offset by 128; Q6_K: 0..63; Q4: 0..15): vector q holds k = 4q .. 4q+4 of
 /// columns 8h .. 8h+8 (column c in 32-bit lane c).
 #[target_feature(enable = "avx2")]
 unsafe fn quants(fmt: Format, gb: *const u8, h: usize) -> [__m256i; 8] {
     let mut wq = [_mm256_setzero_si256(); 8];
-    // SAFETY: a group-block starts with 512 (Q8_0) or 256 (Q4) bytes of
-    // quants, 64 per vector of 16 columns, half h at 32 h.
+    // SAFETY: a group-block starts with 512 (Q8_0, Q6_K) or 256 (Q4) bytes
+    // of quants, 64 per vector of 16 columns, half h at 32 h.
     unsafe {
-        if fmt == Format::Q8_0 {
+        if fmt.byte_quants() {
             for (q, v) in wq.iter_mut().enumerate() {
                 *v = _mm256_loadu_si256(gb.add(q * 64 + h * 32).cast());
             }
@@ -77,7 +80,8 @@ unsafe fn quants(fmt: Format, gb: *const u8, h: usize) -> [__m256i; 8] {
     wq
 }
 
-/// Half `h`'s 8 scales and (Q4_1, Q4_K) mins of a group-block.
+/// Half `h`'s 8 scales and (Q4_1, Q4_K) mins, or (Q6_K) 8 scales of the
+/// first and of the second 16 values, of a group-block.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
     let qb = fmt.quant_bytes();
@@ -100,9 +104,17 @@ unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
 
 /// The 8 columns' exact integer dot products of one block with the 32
 /// int8 activations at `xq`; for Q8_0 `wq` holds the quants made signed
-/// and `mag` their magnitudes (see the module comment), unused for Q4.
+/// and `mag` their magnitudes (see the module comment), unused for Q4 and
+/// Q6_K. Q6_K's is that of the quant vectors `vs` alone (4 k each; a
+/// half's), the activations from `xq + 4 * vs.start`.
 #[target_feature(enable = "avx2")]
-unsafe fn block_dot(fmt: Format, wq: &[__m256i; 8], mag: &[__m256i; 8], xq: *const i8) -> __m256i {
+unsafe fn block_dot(
+    fmt: Format,
+    wq: &[__m256i; 8],
+    mag: &[__m256i; 8],
+    xq: *const i8,
+    vs: std::ops::Range<usize>,
+) -> __m256i {
     let xp = xq.cast::<i32>();
     let ones = _mm256_set1_epi16(1);
     // SAFETY: xq holds 32 int8, read 4 at a time.
@@ -111,6 +123,13 @@ unsafe fn block_dot(fmt: Format, wq: &[__m256i; 8], mag: &[__m256i; 8], xq: *con
         let mut acc = _mm256_setzero_si256();
         for q in 0..8 {
             let p = _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(x4(q), wq[q]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+        }
+        acc
+    } else if fmt == Format::Q6K {
+        let mut acc = _mm256_setzero_si256();
+        for q in vs {
+            let p = _mm256_maddubs_epi16(wq[q], x4(q));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
         }
         acc
@@ -139,6 +158,7 @@ unsafe fn int8(
     let n_blocks = (r0 + n_rows) * blocks;
     assert!(n_rows <= MR && (r0 + n_rows) * k <= x.q.len());
     assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
+    assert!(!fmt.halves() || n_blocks <= x.corr_lo.len());
     let q2 = x.residual.as_ref().map(|(q2, _)| {
         assert!(q2.len() == x.q.len());
         q2.as_ptr()
@@ -164,11 +184,29 @@ unsafe fn int8(
             let (d, m) = scales(fmt, gb, h);
             for (r, a) in acc.iter_mut().enumerate().take(n_rows) {
                 let i = (r0 + r) * blocks + b;
-                let mut isum = block_dot(fmt, &wq, &mag, x.q.as_ptr().add(i * 32));
-                if let Some(q2) = q2 {
-                    let isum2 = block_dot(fmt, &wq, &mag, q2.add(i * 32));
-                    isum = _mm256_add_epi32(_mm256_slli_epi32::<7>(isum), isum2);
+                // The chain over the quant vectors `vs`: `q.w`, or
+                // `128 q.w + q2.w`.
+                let chain = |vs: std::ops::Range<usize>| {
+                    let isum = block_dot(fmt, &wq, &mag, x.q.as_ptr().add(i * 32), vs.clone());
+                    match q2 {
+                        Some(q2) => {
+                            let isum2 = block_dot(fmt, &wq, &mag, q2.add(i * 32), vs);
+                            _mm256_add_epi32(_mm256_slli_epi32::<7>(isum), isum2)
+                        }
+                        None => isum,
+                    }
+                };
+                if fmt.halves() {
+                    let corr_lo = *x.corr_lo.get_unchecked(i);
+                    let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
+                    let lo = _mm256_sub_epi32(chain(0..4), _mm256_set1_epi32(corr_lo));
+                    let hi = _mm256_sub_epi32(chain(4..8), _mm256_set1_epi32(corr_hi));
+                    let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
+                    *a = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(lo), *a);
+                    *a = _mm256_fmadd_ps(_mm256_mul_ps(m, xs), _mm256_cvtepi32_ps(hi), *a);
+                    continue;
                 }
+                let mut isum = chain(0..8);
                 if corrected {
                     isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(*x.corr.get_unchecked(i)));
                 }
@@ -206,8 +244,14 @@ unsafe fn float(
         let (wq, (d, m)) = unsafe { (quants(fmt, gb, h), scales(fmt, gb, h)) };
         for (r, a) in acc.iter_mut().enumerate().take(n_rows) {
             let (xb, xsum) = x.block(r0 + r, b);
+            // Q6_K's first 16 values are summed apart from the second 16.
             let mut blk = _mm256_setzero_ps();
+            let mut blk_lo = _mm256_setzero_ps();
             for (q, &v) in wq.iter().enumerate() {
+                if q == 4 && fmt.halves() {
+                    blk_lo = blk;
+                    blk = _mm256_setzero_ps();
+                }
                 for j in 0..4 {
                     let l = match j {
                         0 => v,
@@ -218,6 +262,11 @@ unsafe fn float(
                     let wf = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(l, byte), off));
                     blk = _mm256_fmadd_ps(wf, _mm256_set1_ps(xb[4 * q + j]), blk);
                 }
+            }
+            if fmt.halves() {
+                *a = _mm256_fmadd_ps(d, blk_lo, *a);
+                *a = _mm256_fmadd_ps(m, blk, *a);
+                continue;
             }
             *a = _mm256_fmadd_ps(d, blk, *a);
             if fmt.has_mins() {

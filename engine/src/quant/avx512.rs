@@ -49,9 +49,10 @@ pub(super) fn tile(
 #[target_feature(enable = "avx512f")]
 unsafe fn quants(fmt: Format, gb: *const u8) -> [__m512i; 8] {
     let mut wq = [_mm512_setzero_si512(); 8];
-    // SAFETY: a group-block starts with 512 (Q8_0) or 256 (Q4) bytes of quants.
+    // SAFETY: a group-block starts with 512 (Q8_0, Q6_K) or 256 (Q4) bytes
+    // of quants.
     unsafe {
-        if fmt == Format::Q8_0 {
+        if fmt.byte_quants() {
             for (q, v) in wq.iter_mut().enumerate() {
                 *v = _mm512_loadu_si512(gb.add(q * 64).cast());
             }
@@ -67,7 +68,8 @@ unsafe fn quants(fmt: Format, gb: *const u8) -> [__m512i; 8] {
     wq
 }
 
-/// The 16 columns' scales and (Q4_1, Q4_K) mins of a group-block.
+/// The 16 columns' scales and (Q4_1, Q4_K) mins, or (Q6_K) the scales of
+/// the first and the second 16 values, of a group-block.
 #[target_feature(enable = "avx512f")]
 unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
     let qb = fmt.quant_bytes();
@@ -89,8 +91,9 @@ unsafe fn scales(fmt: Format, gb: *const u8) -> (__m512, __m512) {
 }
 
 /// The int8 kernel's tile, picked by whether the activations carry the
-/// rounding residual and whether the format has mins (Q4_1, Q4_K), so that the
-/// row loop of the kernel is free of branches.
+/// rounding residual, whether the format has mins (Q4_1, Q4_K) and whether
+/// it has a scale per 16 values (Q6_K), so that the row loop of the kernel
+/// is free of branches.
 #[target_feature(enable = "avx512f,avx512vnni")]
 unsafe fn int8<const R: usize>(
     w: &QuantMatrix,
@@ -100,14 +103,15 @@ unsafe fn int8<const R: usize>(
     tile: &mut [[f32; NG]; MR],
 ) {
     let res = x.residual.is_some();
-    let mins = w.fmt.has_mins();
     // SAFETY: as the caller's.
     unsafe {
-        match (res, mins) {
-            (true, true) => int8_rows::<R, true, true>(w, x, r0, g, tile),
-            (true, false) => int8_rows::<R, true, false>(w, x, r0, g, tile),
-            (false, true) => int8_rows::<R, false, true>(w, x, r0, g, tile),
-            (false, false) => int8_rows::<R, false, false>(w, x, r0, g, tile),
+        match (res, w.fmt.has_mins(), w.fmt.halves()) {
+            (true, true, _) => int8_rows::<R, true, true, false>(w, x, r0, g, tile),
+            (true, false, false) => int8_rows::<R, true, false, false>(w, x, r0, g, tile),
+            (true, false, true) => int8_rows::<R, true, false, true>(w, x, r0, g, tile),
+            (false, true, _) => int8_rows::<R, false, true, false>(w, x, r0, g, tile),
+            (false, false, false) => int8_rows::<R, false, false, false>(w, x, r0, g, tile),
+            (false, false, true) => int8_rows::<R, false, false, true>(w, x, r0, g, tile),
         }
     }
 }
@@ -116,9 +120,11 @@ unsafe fn int8<const R: usize>(
 /// group's quants are loaded once and, for each row, one chain of integer
 /// dot products (`q.w`, then with `RES` times 128 plus `q2.w`), less the
 /// row-block's `corr`, is scaled into that row's accumulator, which stays
-/// in a register across the blocks.
+/// in a register across the blocks. With `HALVES` (Q6_K) each 16 values
+/// are a chain of their own, less their part of `corr`, scaled by their
+/// own scale.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
+unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool, const HALVES: bool>(
     w: &QuantMatrix,
     x: &QuantizedRows,
     r0: usize,
@@ -131,6 +137,7 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
     let n_blocks = (r0 + R) * blocks;
     assert!(R <= MR && (r0 + R) * k <= x.q.len());
     assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
+    assert!(!HALVES || n_blocks <= x.corr_lo.len());
     let q2 = match &x.residual {
         Some((q2, _)) => {
             assert!(q2.len() == x.q.len());
@@ -153,10 +160,25 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
             let (d, m) = scales(fmt, gb);
             for (r, a) in acc.iter_mut().enumerate() {
                 let i = (r0 + r) * blocks + b;
-                let mut isum = dot_chain(_mm512_setzero_si512(), &wq, x.q.as_ptr().add(i * 32));
-                if RES {
-                    isum = dot_chain(_mm512_slli_epi32::<7>(isum), &wq, q2.add(i * 32));
+                let (xq, xq2) = (x.q.as_ptr().add(i * 32), q2.wrapping_add(i * 32));
+                if HALVES {
+                    let (wlo, whi) = wq.split_at(4);
+                    let (wlo, whi): (&[__m512i; 4], &[__m512i; 4]) = (
+                        wlo.try_into().unwrap_unchecked(),
+                        whi.try_into().unwrap_unchecked(),
+                    );
+                    let corr_lo = *x.corr_lo.get_unchecked(i);
+                    let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
+                    let lo = chain::<4, RES>(wlo, xq, xq2);
+                    let hi = chain::<4, RES>(whi, xq.add(16), xq2.wrapping_add(16));
+                    let lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(corr_lo));
+                    let hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(corr_hi));
+                    let xs = _mm512_set1_ps(*x.scale.get_unchecked(i));
+                    *a = _mm512_fmadd_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(lo), *a);
+                    *a = _mm512_fmadd_ps(_mm512_mul_ps(m, xs), _mm512_cvtepi32_ps(hi), *a);
+                    continue;
                 }
+                let isum = chain::<8, RES>(&wq, xq, xq2);
                 let isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*x.corr.get_unchecked(i)));
                 let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.scale.get_unchecked(i)));
                 *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
@@ -172,15 +194,38 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool>(
     }
 }
 
-/// `acc` plus the 16 columns' integer dot products of one block's
-/// unsigned quants with the int8 activations at `xq` (32 values, read 4 at
-/// a time and broadcast): exact, one chain (the rows of a tile are
-/// independent chains). `xq` must address 32 readable bytes.
+/// One row-block's chain over the quant vectors `wq` (4 k a vector: a
+/// block's 8, or a half's 4): `q.w` with the activations' quants at `xq`,
+/// or with `RES` `128 q.w + q2.w` with the residual's at `xq2`. Both must
+/// address `4 * N` readable bytes (`xq2` only with `RES`).
+#[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dot_chain(mut acc: __m512i, wq: &[__m512i; 8], xq: *const i8) -> __m512i {
+unsafe fn chain<const N: usize, const RES: bool>(
+    wq: &[__m512i; N],
+    xq: *const i8,
+    xq2: *const i8,
+) -> __m512i {
+    // SAFETY: as the caller's.
+    unsafe {
+        let isum = dot_chain(_mm512_setzero_si512(), wq, xq);
+        if RES {
+            dot_chain(_mm512_slli_epi32::<7>(isum), wq, xq2)
+        } else {
+            isum
+        }
+    }
+}
+
+/// `acc` plus the 16 columns' integer dot products of a block's unsigned
+/// quants `wq` (4 k a vector) with the int8 activations at `xq` (read 4 at
+/// a time and broadcast): exact, one chain (the rows of a tile are
+/// independent chains). `xq` must address `4 * N` readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dot_chain<const N: usize>(mut acc: __m512i, wq: &[__m512i; N], xq: *const i8) -> __m512i {
     let xp = xq.cast::<i32>();
     for (q, &wv) in wq.iter().enumerate() {
-        // SAFETY: xq holds 32 int8, read 4 at a time (q < 8).
+        // SAFETY: xq holds 4 * wq.len() int8, read 4 at a time.
         let x4 = unsafe { xp.add(q).read_unaligned() };
         acc = _mm512_dpbusd_epi32(acc, wv, _mm512_set1_epi32(x4));
     }
@@ -204,8 +249,14 @@ unsafe fn float<const R: usize>(
         // SAFETY: `gb` is a whole group-block.
         let (wq, (d, m)) = unsafe { (quants(fmt, gb), scales(fmt, gb)) };
         let xs: [(&[f32], f32); R] = std::array::from_fn(|r| x.block(r0 + r, b));
+        // Q6_K's first 16 values are summed apart from the second 16.
         let mut blk = [_mm512_setzero_ps(); R];
+        let mut blk_lo = [_mm512_setzero_ps(); R];
         for (q, &v) in wq.iter().enumerate() {
+            if q == 4 && fmt.halves() {
+                blk_lo = blk;
+                blk = [_mm512_setzero_ps(); R];
+            }
             let lanes = [
                 v,
                 _mm512_srli_epi32::<8>(v),
@@ -220,7 +271,12 @@ unsafe fn float<const R: usize>(
                 }
             }
         }
-        for ((a, bk), (_, xsum)) in acc.iter_mut().zip(blk).zip(&xs) {
+        for (((a, bk), lo), (_, xsum)) in acc.iter_mut().zip(blk).zip(blk_lo).zip(&xs) {
+            if fmt.halves() {
+                *a = _mm512_fmadd_ps(d, lo, *a);
+                *a = _mm512_fmadd_ps(m, bk, *a);
+                continue;
+            }
             *a = _mm512_fmadd_ps(d, bk, *a);
             if fmt.has_mins() {
                 *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*xsum), *a);

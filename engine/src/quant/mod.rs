@@ -1,6 +1,6 @@
 //! Linear layers over weights kept in ggml's 32-value blocks (Q8_0, Q4_0,
-//! Q4_1, and Q4_K split into 32-value blocks) on the CPU, dequantized in
-//! registers.
+//! Q4_1; Q5_0 as Q8_0; Q4_K and Q6_K split into 32-value blocks) on the
+//! CPU, dequantized in registers.
 //!
 //! A decode step reads every weight once, so it is bound by memory: reading
 //! 8.5 (Q8_0), 4.5 (Q4_0), 5 (Q4_1) or 6 (Q4_K as held) bits per weight
@@ -17,7 +17,12 @@
 //! 32-value blocks whose scale `d * sc` and min `-(dmin * m)` are f32, as
 //! ggml's dequantization computes them: exact, and the kernels stay the
 //! Q4_1 ones but for loading f32 instead of f16 scales, for 1.5 bits a
-//! weight more than the file (the f16 products do not fit an f16).
+//! weight more than the file (the f16 products do not fit an f16). Q6_K
+//! (6.56 bits: 6-bit quants, an int8 scale per 16 values, an f16 `d` per
+//! 256) is held as byte quants `q + 32` with the f32 scales `d * sc` of each
+//! block's two halves (10 bits a weight); the kernels sum each half apart
+//! (its own integer chain, less its own part of the activations' offset
+//! correction, `corr_lo`) and scale it by its own scale.
 //!
 //! Two kernels, three kinds of activations (see [`Activations`] and
 //! `activations.rs`):
@@ -74,6 +79,10 @@ pub(crate) enum Format {
     /// scale and min are f32: a Q4_K sub-block's `d * sc` and `-(dmin * m)`,
     /// exactly as ggml's dequantization computes them (see `rows.rs`).
     Q4K,
+    /// Q6_K, split at load into 32-value blocks of unsigned byte quants
+    /// (`q + 32`, 0..63, offset 32) with two f32 scales, `d * sc` of the
+    /// block's two 16-value sub-blocks (see `rows.rs`).
+    Q6K,
 }
 
 impl Format {
@@ -85,6 +94,7 @@ impl Format {
             GgmlType::Q4_0 => Some(Self::Q4_0),
             GgmlType::Q4_1 => Some(Self::Q4_1),
             GgmlType::Q4K => Some(Self::Q4K),
+            GgmlType::Q6K => Some(Self::Q6K),
             _ => None,
         }
     }
@@ -97,17 +107,30 @@ impl Format {
             Self::Q4_0 => GgmlType::Q4_0,
             Self::Q4_1 => GgmlType::Q4_1,
             Self::Q4K => GgmlType::Q4K,
+            Self::Q6K => GgmlType::Q6K,
         }
     }
 
     /// Bytes of one 32-value block as [`QuantRows`] holds it: ggml's own
     /// block, but for Q4_K's 32-value pieces (f32 scale, f32 min, 16 bytes
-    /// of quants in Q4_1's order).
+    /// of quants in Q4_1's order) and Q6_K's (two f32 scales, 32 bytes of
+    /// quants).
     pub(crate) fn block_bytes(self) -> usize {
         match self {
             Self::Q4K => 4 + 4 + QK / 2,
+            Self::Q6K => 4 + 4 + QK,
             _ => self.ggml().block().1,
         }
+    }
+
+    /// Whether a block has two scales, one per 16 values (and no min).
+    fn halves(self) -> bool {
+        self == Self::Q6K
+    }
+
+    /// Whether the quants are a byte each (else a nibble).
+    fn byte_quants(self) -> bool {
+        matches!(self, Self::Q8_0 | Self::Q6K)
     }
 
     /// Whether a value is `d * q + m` (a min per block) rather than
@@ -118,22 +141,28 @@ impl Format {
 
     /// Whether the blocks' scales and mins are f32 (else f16).
     fn f32_scales(self) -> bool {
-        self == Self::Q4K
+        matches!(self, Self::Q4K | Self::Q6K)
     }
 
     /// Bytes of one group's quants for one block (16 columns x 32 values).
     fn quant_bytes(self) -> usize {
-        match self {
-            Self::Q8_0 => NG * QK,
-            Self::Q4_0 | Self::Q4_1 | Self::Q4K => NG * QK / 2,
+        if self.byte_quants() {
+            NG * QK
+        } else {
+            NG * QK / 2
         }
     }
 
-    /// Bytes of one group-block: quants, then 16 scales (and 16 mins), f16
-    /// or (Q4_K) f32.
+    /// Bytes of a scale (or min): f16, or f32 for Q4_K and Q6_K.
+    fn scale_width(self) -> usize {
+        if self.f32_scales() { 4 } else { 2 }
+    }
+
+    /// Bytes of one group-block: quants, then 16 scales, and 16 mins (or,
+    /// for Q6_K, the second 16 values' 16 scales).
     fn stride(self) -> usize {
-        let width = if self.f32_scales() { 4 } else { 2 };
-        self.quant_bytes() + width * NG * if self.has_mins() { 2 } else { 1 }
+        let second = self.has_mins() || self.halves();
+        self.quant_bytes() + self.scale_width() * NG * if second { 2 } else { 1 }
     }
 
     /// What is added to a stored quant to make it unsigned: a value is
@@ -143,6 +172,7 @@ impl Format {
             Self::Q8_0 => 128,
             Self::Q4_0 => 8,
             Self::Q4_1 | Self::Q4K => 0,
+            Self::Q6K => 32,
         }
     }
 }
@@ -249,26 +279,26 @@ impl QuantMatrix {
             for b in 0..blocks {
                 let src = rows.block(col, b);
                 let dst = &mut data[(g * blocks + b) * stride..][..stride];
-                match fmt {
-                    Format::Q8_0 => {
-                        for (kk, &q) in src[2..34].iter().enumerate() {
-                            dst[(kk / 4) * 64 + c * 4 + kk % 4] = q ^ 0x80;
-                        }
-                        dst[qb + 2 * c..qb + 2 * c + 2].copy_from_slice(&src[..2]);
+                // A block: its scale (and min or second scale), then its
+                // quants (see `rows.rs`).
+                let qs = &src[src.len() - fmt.quant_bytes() / NG..];
+                if fmt.byte_quants() {
+                    // Q8_0's signed quants made unsigned (offset 128);
+                    // Q6_K's are already.
+                    let flip = if fmt == Format::Q8_0 { 0x80 } else { 0 };
+                    for (kk, &q) in qs.iter().enumerate() {
+                        dst[(kk / 4) * 64 + c * 4 + kk % 4] = q ^ flip;
                     }
-                    Format::Q4_0 | Format::Q4_1 | Format::Q4K => {
-                        let qs = &src[src.len() - 16..];
-                        for p in 0..4 {
-                            dst[p * 64 + c * 4..][..4].copy_from_slice(&qs[4 * p..4 * p + 4]);
-                        }
-                        // The scale (and min): f16 at 2c (and 2 NG + 2c),
-                        // or Q4_K's f32 at 4c and 4 NG + 4c.
-                        let w = if fmt.f32_scales() { 4 } else { 2 };
-                        dst[qb + w * c..][..w].copy_from_slice(&src[..w]);
-                        if fmt.has_mins() {
-                            dst[qb + w * NG + w * c..][..w].copy_from_slice(&src[w..2 * w]);
-                        }
+                } else {
+                    for p in 0..4 {
+                        dst[p * 64 + c * 4..][..4].copy_from_slice(&qs[4 * p..4 * p + 4]);
                     }
+                }
+                // The scale at w c, the min or second scale at w (NG + c).
+                let w = fmt.scale_width();
+                dst[qb + w * c..][..w].copy_from_slice(&src[..w]);
+                if fmt.has_mins() || fmt.halves() {
+                    dst[qb + w * NG + w * c..][..w].copy_from_slice(&src[w..2 * w]);
                 }
             }
         }
@@ -299,17 +329,16 @@ impl QuantMatrix {
     /// The unsigned stored quant of column `c` of a group-block at `kk`.
     fn quant(&self, gb: &[u8], c: usize, kk: usize) -> u8 {
         let q = kk / 4;
-        match self.fmt {
-            Format::Q8_0 => gb[q * 64 + c * 4 + kk % 4],
-            Format::Q4_0 | Format::Q4_1 | Format::Q4K => {
-                let byte = gb[(q % 4) * 64 + c * 4 + kk % 4];
-                if q < 4 { byte & 0x0f } else { byte >> 4 }
-            }
+        if self.fmt.byte_quants() {
+            gb[q * 64 + c * 4 + kk % 4]
+        } else {
+            let byte = gb[(q % 4) * 64 + c * 4 + kk % 4];
+            if q < 4 { byte & 0x0f } else { byte >> 4 }
         }
     }
 
-    /// Scale and min (0 but for Q4_1 and Q4_K) of column `c` of a
-    /// group-block.
+    /// Scale and min (0 but for Q4_1 and Q4_K; for Q6_K, the second 16
+    /// values' scale) of column `c` of a group-block.
     fn scale_min(&self, gb: &[u8], c: usize) -> (f32, f32) {
         let sc = &gb[self.fmt.quant_bytes()..];
         let at = |i: usize| {
@@ -319,7 +348,11 @@ impl QuantMatrix {
                 f16(sc, i)
             }
         };
-        let m = if self.fmt.has_mins() { at(NG + c) } else { 0.0 };
+        let m = if self.fmt.has_mins() || self.fmt.halves() {
+            at(NG + c)
+        } else {
+            0.0
+        };
         (at(c), m)
     }
 
@@ -336,6 +369,7 @@ impl QuantMatrix {
                 let q = i32::from(self.quant(gb, c, kk)) - off;
                 out[b * QK + kk] = match self.fmt {
                     Format::Q4_1 | Format::Q4K => q as f32 * d + m,
+                    Format::Q6K if kk >= QK / 2 => q as f32 * m,
                     _ => q as f32 * d,
                 };
             }
@@ -403,6 +437,7 @@ impl QuantMatrix {
                 self.k,
                 acts == Activations::Int8Residual,
                 self.fmt.offset(),
+                self.fmt.halves(),
                 Some(workers),
             )),
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
@@ -483,17 +518,28 @@ impl QuantMatrix {
             for b in 0..self.blocks() {
                 let gb = self.group_block(g, b);
                 let xb = x.block(r, b);
-                let dot = |c: usize, xq: &[i8]| -> i32 {
-                    (0..QK)
-                        .map(|kk| i32::from(self.quant(gb, c, kk)) * i32::from(xq[kk]))
+                let dot = |c: usize, xq: &[i8], ks: std::ops::Range<usize>| -> i32 {
+                    ks.map(|kk| i32::from(self.quant(gb, c, kk)) * i32::from(xq[kk]))
                         .sum()
+                };
+                // The chain over k in `ks`: `q.w`, or `128 q.w + q2.w`.
+                let chain = |c: usize, ks: std::ops::Range<usize>| -> i32 {
+                    let isum = dot(c, xb.q, ks.clone());
+                    match xb.q2 {
+                        Some(q2) => 128 * isum + dot(c, q2, ks),
+                        None => isum,
+                    }
                 };
                 for (c, acc) in t.iter_mut().enumerate() {
                     let (d, m) = self.scale_min(gb, c);
-                    let mut isum = dot(c, xb.q);
-                    if let Some(q2) = xb.q2 {
-                        isum = 128 * isum + dot(c, q2);
+                    if self.fmt.halves() {
+                        let (lo, hi) = (chain(c, 0..QK / 2), chain(c, QK / 2..QK));
+                        let corr_hi = xb.corr - xb.corr_lo;
+                        *acc = (d * xb.scale).mul_add((lo - xb.corr_lo) as f32, *acc);
+                        *acc = (m * xb.scale).mul_add((hi - corr_hi) as f32, *acc);
+                        continue;
                     }
+                    let isum = chain(c, 0..QK);
                     *acc = (d * xb.scale).mul_add((isum - xb.corr) as f32, *acc);
                     if self.fmt.has_mins() {
                         *acc = m.mul_add(xb.sx, *acc);
@@ -520,13 +566,18 @@ impl QuantMatrix {
                 let gb = self.group_block(g, b);
                 let (xb, xsum) = x.block(r, b);
                 for (c, acc) in t.iter_mut().enumerate() {
-                    let mut blk = 0f32;
+                    // Q6_K sums each 16 values apart, for its two scales.
+                    let mut blk = [0f32; 2];
                     for (kk, &xv) in xb.iter().enumerate() {
                         let q = i32::from(self.quant(gb, c, kk)) - off;
-                        blk = (q as f32).mul_add(xv, blk);
+                        let half = usize::from(self.fmt.halves() && kk >= QK / 2);
+                        blk[half] = (q as f32).mul_add(xv, blk[half]);
                     }
                     let (d, m) = self.scale_min(gb, c);
-                    *acc = d.mul_add(blk, *acc);
+                    *acc = d.mul_add(blk[0], *acc);
+                    if self.fmt.halves() {
+                        *acc = m.mul_add(blk[1], *acc);
+                    }
                     if self.fmt.has_mins() {
                         *acc = m.mul_add(xsum, *acc);
                     }
@@ -578,17 +629,22 @@ pub fn time_matmul(
     };
     // Each ggml block: its f16 scale (and min, or Q4_K's min scale), then
     // random bytes (quants, and Q4_K's packed sub-block scales).
+    // (Q6_K's f16 scale comes last.)
     let header: &[u16] = match fmt {
-        Format::Q8_0 | Format::Q4_0 => &[0x2400],
+        Format::Q8_0 | Format::Q4_0 | Format::Q6K => &[0x2400],
         Format::Q4_1 => &[0x2400, 0xa400],
         Format::Q4K => &[0x2000, 0x2000],
     };
     let mut data = Vec::with_capacity(n * k / per * bytes);
     for _ in 0..n * k / per {
-        for h in header {
-            data.extend(h.to_le_bytes());
+        let random: Vec<u8> = (0..bytes - 2 * header.len()).map(|_| next()).collect();
+        if fmt != Format::Q6K {
+            data.extend(header.iter().flat_map(|h| h.to_le_bytes()));
         }
-        data.extend((0..bytes - 2 * header.len()).map(|_| next()));
+        data.extend(random);
+        if fmt == Format::Q6K {
+            data.extend(header.iter().flat_map(|h| h.to_le_bytes()));
+        }
     }
     let w = QuantMatrix::new(
         &QuantRows::from_ggml(fmt.ggml(), n, k, &data).map_err(EngineError::Step)?,

@@ -34,8 +34,8 @@ impl QuantRows {
     /// `data` holds `n` rows of `k` values as a GGUF file stores `kind`, a
     /// type that [`Format::of`] keeps quantized: Q8_0, Q4_0 and Q4_1 kept as
     /// they are, Q5_0's blocks widened to Q8_0's (see [`q5_0_as_q8_0`]) and
-    /// Q4_K's 256-value super-blocks split into 32-value blocks (see
-    /// [`split_q4_k`]), both exact.
+    /// Q4_K's and Q6_K's 256-value super-blocks split into 32-value blocks
+    /// (see [`split_q4_k`], [`split_q6_k`]), all exact.
     pub(crate) fn from_ggml(
         kind: GgmlType,
         n: usize,
@@ -60,6 +60,7 @@ impl QuantRows {
         let data = match kind {
             GgmlType::Q5_0 => convert(q5_0_as_q8_0),
             GgmlType::Q4K => convert(split_q4_k),
+            GgmlType::Q6K => convert(split_q6_k),
             _ => data.to_vec(),
         };
         Self::new(fmt, n, k, data)
@@ -142,6 +143,18 @@ impl QuantRows {
                     })
                 })
                 .collect(),
+            Format::Q6K => self
+                .data
+                .chunks_exact(self.fmt.block_bytes())
+                .flat_map(|b| {
+                    let (lo, hi) = q4_k_block_scale_min(b);
+                    let qs = &b[8..];
+                    (0..QK).map(move |i| {
+                        let s = if i < QK / 2 { lo } else { hi };
+                        s * (i32::from(qs[i]) - 32) as f32
+                    })
+                })
+                .collect(),
             _ => crate::gguf::dequantize(self.fmt.ggml(), &self.data, self.n * self.k)
                 .map_err(EngineError::Step)?,
         };
@@ -170,10 +183,39 @@ fn q5_0_as_q8_0(b: &[u8], out: &mut Vec<u8>) {
     out.extend((0..QK).map(value));
 }
 
-/// A Q4_K piece's f32 scale and min (as [`split_q4_k`] wrote them).
+/// A Q4_K piece's f32 scale and min (as [`split_q4_k`] wrote them), or a
+/// Q6_K piece's two scales.
 fn q4_k_block_scale_min(b: &[u8]) -> (f32, f32) {
     let f = |i: usize| f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     (f(0), f(4))
+}
+
+/// One Q6_K super-block (128 bytes of low 4 bits, 64 of high 2 bits, 16
+/// int8 sub-block scales, f16 `d`; value v's quant `q - 32` has scale
+/// `sc[v / 16]`) appended to `out` as 8 blocks of 32 values, each the f32
+/// scales `d * sc` of its two 16-value halves and its 32 quants `q`
+/// (0..63, a byte each, in value order). ggml dequantizes a value as
+/// `(d * sc) * (q - 32)`, which the kernels compute from the same f32
+/// scale and integer.
+fn split_q6_k(sb: &[u8], out: &mut Vec<u8>) {
+    use crate::gguf::dequant::f16_to_f32;
+    let (ql, qh, sc) = (&sb[..128], &sb[128..192], &sb[192..208]);
+    let d = f16_to_f32(u16::from_le_bytes([sb[208], sb[209]]));
+    // Value v = 128 h + 32 j + l (h half, j quarter, l < 32): low bits
+    // from ql[64 h + l + 32 (j % 2)] (high nibble when j >= 2), high bits
+    // from qh[32 h + l] at 2 j.
+    let quant = |v: usize| -> u8 {
+        let (h, j, l) = (v / 128, (v % 128) / 32, v % 32);
+        let low = ql[64 * h + l + 32 * (j % 2)];
+        let low = if j >= 2 { low >> 4 } else { low & 0x0f };
+        low | (((qh[32 * h + l] >> (2 * j)) & 3) << 4)
+    };
+    for b in 0..8 {
+        for s in [2 * b, 2 * b + 1] {
+            out.extend((d * f32::from(sc[s] as i8)).to_le_bytes());
+        }
+        out.extend((32 * b..32 * b + 32).map(quant));
+    }
 }
 
 /// One Q4_K super-block (f16 `d` and `dmin`, 12 bytes of 6-bit sub-block

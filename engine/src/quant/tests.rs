@@ -32,7 +32,13 @@ impl Rng {
     }
 }
 
-const FORMATS: [Format; 4] = [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q4K];
+const FORMATS: [Format; 5] = [
+    Format::Q8_0,
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q4K,
+    Format::Q6K,
+];
 
 /// `k` rounded up to what `fmt`'s blocks allow (Q4_K's super-blocks hold
 /// 256 values).
@@ -40,26 +46,36 @@ fn fit(fmt: Format, k: usize) -> usize {
     k.next_multiple_of(fmt.ggml().block().0)
 }
 
-/// Random ggml blocks of `fmt` for `n` rows of `k` values, as a GGUF file
-/// holds them: scales, (Q4_1) negative mins or (Q4_K) positive min
-/// scales, then random bytes (quants, and Q4_K's packed 6-bit sub-block
-/// scales and mins).
-fn random_ggml(fmt: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+/// Random ggml blocks of `kind` for `n` rows of `k` values, as a GGUF
+/// file holds them: scales, (Q4_1) negative mins or (Q4_K) positive min
+/// scales, then random bytes (quants, and the K-quants' packed sub-block
+/// scales); Q6_K's f16 scale comes last.
+fn random_ggml_of(kind: crate::gguf::GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    use crate::gguf::GgmlType;
     let mut rng = Rng(seed | 1);
-    let (per, bytes) = fmt.ggml().block();
+    let (per, bytes) = kind.block();
     let mut data = Vec::new();
     for _ in 0..n * k / per {
-        let start = data.len();
-        data.extend(rng.half(false));
-        match fmt {
-            Format::Q4_1 => data.extend(rng.half(true)),
-            Format::Q4K => data.extend(rng.half(false)),
+        let mut head = rng.half(false).to_vec();
+        match kind {
+            GgmlType::Q4_1 => head.extend(rng.half(true)),
+            GgmlType::Q4K => head.extend(rng.half(false)),
             _ => {}
         }
-        let rest = bytes - (data.len() - start);
-        data.extend((0..rest).map(|_| rng.byte()));
+        let rest: Vec<u8> = (0..bytes - head.len()).map(|_| rng.byte()).collect();
+        if kind == GgmlType::Q6K {
+            data.extend(rest);
+            data.extend(head);
+        } else {
+            data.extend(head);
+            data.extend(rest);
+        }
     }
     data
+}
+
+fn random_ggml(fmt: Format, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    random_ggml_of(fmt.ggml(), n, k, seed)
 }
 
 /// Random rows of `fmt`, as the loader makes them from a GGUF's blocks.
@@ -280,28 +296,21 @@ fn rows_read_back_as_ggml_dequantizes_them() {
     }
 }
 
-/// The GGUF types converted at load (Q4_K's super-blocks split into
-/// 32-value blocks, Q5_0's blocks widened to Q8_0's) dequantize, bit for
-/// bit, as ggml's reference dequantizes the file's blocks (`dequant.rs`,
-/// checked against the `gguf` package elsewhere): every 6-bit sub-block
-/// scale and min, every fifth bit.
+/// The GGUF types converted at load (Q4_K's and Q6_K's super-blocks split
+/// into 32-value blocks, Q5_0's blocks widened to Q8_0's) dequantize, bit
+/// for bit, as ggml's reference dequantizes the file's blocks
+/// (`dequant.rs`, checked against the `gguf` package elsewhere): every
+/// sub-block scale and min, every high bit.
 #[test]
 fn converted_types_dequantize_as_ggml() {
     use crate::gguf::GgmlType;
-    let mut rng = Rng(41);
     let (n, k) = (9usize, 768usize);
-    for (kind, held) in [(GgmlType::Q4K, Format::Q4K), (GgmlType::Q5_0, Format::Q8_0)] {
-        let (per, bytes) = kind.block();
-        let mut raw = Vec::new();
-        for _ in 0..n * k / per {
-            let start = raw.len();
-            raw.extend(rng.half(false));
-            if kind == GgmlType::Q4K {
-                raw.extend(rng.half(false));
-            }
-            let rest = bytes - (raw.len() - start);
-            raw.extend((0..rest).map(|_| rng.byte()));
-        }
+    for (kind, held) in [
+        (GgmlType::Q4K, Format::Q4K),
+        (GgmlType::Q6K, Format::Q6K),
+        (GgmlType::Q5_0, Format::Q8_0),
+    ] {
+        let raw = random_ggml_of(kind, n, k, 41);
         let want = crate::gguf::dequantize(kind, &raw, n * k).expect("ggml");
         let rows = QuantRows::from_ggml(kind, n, k, &raw).expect("rows");
         assert_eq!(rows.format(), held, "{kind:?}");
@@ -312,17 +321,18 @@ fn converted_types_dequantize_as_ggml() {
             assert_eq!(g.to_bits(), w.to_bits(), "{kind:?} value {i}: {g} vs {w}");
         }
         // The kernels see the same weights: a product with one-hot rows
-        // reads the dequantized values back (f32 activations, no rounding).
+        // reads the dequantized values back exactly (f32 activations, no
+        // rounding; a zero's sign may differ, the sum starting at +0), in
+        // both halves of a block and across super-blocks.
         let w = QuantMatrix::new(&rows);
         let eye = Tensor::eye(k as i64, (Kind::Float, Device::Cpu));
-        let prod = run(&w, &eye.narrow(0, 0, 64), Activations::F32, Kernel::best());
-        for r in 0..64 {
-            for c in 0..n {
-                assert_eq!(
-                    prod[r * n + c].to_bits(),
-                    want[c * k + r].to_bits(),
-                    "{kind:?} {r} {c}"
-                );
+        for r0 in [0i64, 256, 704] {
+            let prod = run(&w, &eye.narrow(0, r0, 64), Activations::F32, Kernel::best());
+            for r in 0..64 {
+                for c in 0..n {
+                    let (g, e) = (prod[r * n + c], want[c * k + r0 as usize + r]);
+                    assert!(g == e, "{kind:?} {r} {c}: {g} vs {e}");
+                }
             }
         }
         assert!(
@@ -335,8 +345,8 @@ fn converted_types_dequantize_as_ggml() {
         );
     }
     assert!(
-        QuantRows::from_ggml(GgmlType::Q6K, 1, 256, &[0; 210]).is_err(),
-        "Q6_K is not held"
+        QuantRows::from_ggml(GgmlType::Q5K, 1, 256, &[0; 176]).is_err(),
+        "Q5_K is not held"
     );
 }
 

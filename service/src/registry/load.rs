@@ -33,7 +33,7 @@ pub struct LoadDefaults {
     pub embed_batch_tokens: usize,
     pub compute_threads: Option<usize>,
     /// Dequantize GGUF weights to f32 at load (`--dequantize`) instead of
-    /// keeping Q8_0/Q5_0/Q4_0/Q4_1/Q4_K matrices quantized on the CPU.
+    /// keeping Q8_0/Q5_0/Q4_0/Q4_1/Q4_K/Q6_K matrices quantized on the CPU.
     pub dequantize: bool,
     /// The quantized kernels' activations (`--quant-activations`).
     pub quant_activations: gyre_engine::Activations,

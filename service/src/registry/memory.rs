@@ -6,9 +6,9 @@
 //! table, each safetensors file's header): elements times the bytes of the
 //! dtype the engine runs in (f32 on the CPU, bf16 on CUDA), but for a
 //! GGUF's matrices the engine keeps quantized on the CPU (Q8_0/Q5_0/Q4_0/
-//! Q4_1/Q4_K, unless `--dequantize`), counted at the size of the blocks the
-//! engine holds them in (Q5_0 as Q8_0, Q4_K at 6 bits a value). The KV
-//! cache is its budget capped as the engine caps it
+//! Q4_1/Q4_K/Q6_K, unless `--dequantize`), counted at the size of the
+//! blocks the engine holds them in (Q5_0 as Q8_0, Q4_K at 6 bits a value,
+//! Q6_K at 10). The KV cache is its budget capped as the engine caps it
 //! (at what `--max-running` sequences of full context need), from the
 //! model's config. Free memory is `MemAvailable` from `/proc/meminfo` on the
 //! CPU; CUDA's free memory is not queried (libtorch's binding has no
