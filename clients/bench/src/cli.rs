@@ -222,7 +222,8 @@ pub struct RunArgs {
         default_value = ".gyre/models/smollm2-135m-instruct.gguf,\
             .gyre/llamacpp/smollm2-135m-instruct-q8_0.gguf,\
             .gyre/llamacpp/smollm2-135m-instruct-f32.gguf,\
-            .gyre/llamacpp/llama-64m-f32.gguf"
+            .gyre/llamacpp/llama-64m-f32.gguf,\
+            .gyre/models/gemma3-270m-q4_k_m.gguf"
     )]
     pub l1_models: Vec<PathBuf>,
     /// L1's concurrency levels (HTTP streams).

@@ -142,6 +142,24 @@ impl GgufInfo {
         out
     }
 
+    /// The types holding at least 1% of the matrices' bytes, most
+    /// first, for a label: "F32", or a mixed file's "Q4_1 + Q8_0".
+    pub fn type_mix(&self) -> String {
+        let by_type = self.bytes_by_type();
+        let total: u64 = by_type.values().sum();
+        let mut types: Vec<(&str, u64)> = by_type
+            .into_iter()
+            .filter(|&(_, b)| b * 100 >= total)
+            .collect();
+        types.sort_by_key(|&(_, b)| std::cmp::Reverse(b));
+        let names: Vec<&str> = types.into_iter().map(|(n, _)| n).collect();
+        if names.is_empty() {
+            "?".into()
+        } else {
+            names.join(" + ")
+        }
+    }
+
     /// The type holding most of the matrices' bytes (e.g. "Q4_1").
     pub fn main_type(&self) -> &'static str {
         self.bytes_by_type()
@@ -359,6 +377,39 @@ mod tests {
         assert_eq!(info.bytes_per_token(), 320 + 32);
         assert_eq!(info.params_per_token(), 80);
         assert_eq!(info.main_type(), "F32");
+    }
+
+    #[test]
+    fn a_mixed_file_is_labelled_by_its_types_largest_first() {
+        let t = |name: &str, ggml_type: u32, bytes: u64| Tensor {
+            name: name.into(),
+            dims: vec![32, 4],
+            ggml_type,
+            bytes,
+        };
+        let info = GgufInfo {
+            tensors: vec![
+                t("a", 8, 700),
+                t("b", 6, 250),
+                t("c", 12, 45),
+                t("d", 14, 5),
+                Tensor {
+                    name: "norm".into(),
+                    dims: vec![1 << 18],
+                    ggml_type: 0,
+                    bytes: 1 << 20,
+                },
+            ],
+            file_bytes: 0,
+        };
+        // The 1-d norm does not count; Q6_K's 0.5% is left out.
+        assert_eq!(info.type_mix(), "Q8_0 + Q5_0 + Q4_K");
+        assert_eq!(info.main_type(), "Q8_0");
+        let one = GgufInfo {
+            tensors: vec![t("a", 0, 10)],
+            file_bytes: 0,
+        };
+        assert_eq!(one.type_mix(), "F32");
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! L1: gyre against llama.cpp's `llama-server` on the same GGUF files, at 1
 //! and 16 concurrent streams through each one's OpenAI HTTP API.
 //!
-//! For each file, one server at a time (never both loaded while one is
-//! measured; which goes first alternates from file to file): `gyre serve
-//! --model FILE`, and `llama-server` on the same file with 16 slots,
-//! continuous batching, no prompt cache and the same thread count (see
-//! `llama_server.rs`). Both get the same requests from the load generator:
+//! For each file, both servers loaded (`gyre serve --model FILE`, and
+//! `llama-server` on the same file with 16 slots, continuous batching, no
+//! prompt cache and the same thread count, see `llama_server.rs`), only one
+//! sent requests at a time: the rounds are interleaved, each round run on
+//! one server and then on the other (which goes first alternates from round
+//! to round and from file to file), so that the machine's speed changing
+//! during the run (seen here: the same binary moving between two speeds
+//! 30% apart from minute to minute) falls on both alike. Both get the same
+//! requests from the load generator:
 //! streaming `/v1/completions` with prompts of random token ids (so both see
 //! exactly the same prompt tokens), greedy, EOS ignored, `new_tokens` each;
 //! every request must come back with exactly that many tokens. Per level,
@@ -159,14 +163,9 @@ pub(super) async fn model_id(addr: std::net::SocketAddr) -> anyhow::Result<Strin
         .context("GET /v1/models lists no model")
 }
 
-/// Runs the levels against the server at `addr`: a warm-up, then `rounds`
-/// rounds per level. `vocab` bounds the prompts' token ids.
-async fn measure(
-    ctx: &LlamaCtx<'_>,
-    addr: std::net::SocketAddr,
-    vocab: u32,
-) -> anyhow::Result<Vec<Level>> {
-    let clients = Clients {
+/// One server's HTTP clients.
+async fn http_clients(addr: std::net::SocketAddr) -> anyhow::Result<Clients> {
+    Ok(Clients {
         grpc_url: String::new(),
         grpc: Vec::new(),
         http: Some(HttpTarget {
@@ -174,100 +173,181 @@ async fn measure(
             model: model_id(addr).await?,
             api_key: None,
         }),
+    })
+}
+
+/// `specs`, one stream each, all at once.
+async fn run_specs(clients: &Clients, specs: Vec<RequestSpec>) -> Vec<Record> {
+    let arrival = Arrival::Concurrent {
+        streams: specs.len(),
+        per_stream: 1,
     };
-    let ids = 300..vocab.saturating_sub(300).max(301);
-    let run = |specs: Vec<RequestSpec>| {
-        let clients = clients.clone();
-        async move {
-            let arrival = Arrival::Concurrent {
-                streams: specs.len(),
-                per_stream: 1,
-            };
-            load::run(&clients, Api::Http, &arrival, &specs, Instant::now()).await
-        }
-    };
-    // Warm-up: one stream, then a full batch, of short requests.
+    load::run(clients, Api::Http, &arrival, &specs, Instant::now()).await
+}
+
+/// The prompts' token ids: away from both ends of the vocabulary.
+fn prompt_ids(vocab: u32) -> std::ops::Range<u32> {
+    300..vocab.saturating_sub(300).max(301)
+}
+
+/// Warm-up: one stream, then a full batch, of short requests.
+async fn warm_up(ctx: &LlamaCtx<'_>, clients: &Clients, vocab: u32) -> anyhow::Result<()> {
     let most = ctx.streams.iter().copied().max().unwrap_or(1);
     for n in [1, most] {
-        let prompts = load::random_prompts(n, ctx.prompt_len, ids.clone(), ctx.seed ^ 0x5eed);
+        let prompts = load::random_prompts(n, ctx.prompt_len, prompt_ids(vocab), ctx.seed ^ 0x5eed);
         check(
-            &run(prompts.into_iter().map(|p| spec(p, 4)).collect()).await,
+            &run_specs(clients, prompts.into_iter().map(|p| spec(p, 4)).collect()).await,
             4,
         )?;
     }
-    let mut levels = Vec::new();
-    for &n in &ctx.streams {
-        let (mut rates, mut records) = (Vec::new(), Vec::new());
-        for round in 0..ctx.rounds.max(1) {
-            let seed = ctx.seed.wrapping_mul(1_000_003) + (n * 1000 + round) as u64;
-            let prompts = load::random_prompts(n, ctx.prompt_len, ids.clone(), seed);
-            let round_records = run(prompts
-                .into_iter()
-                .map(|p| spec(p, ctx.new_tokens))
-                .collect())
-            .await;
-            check(&round_records, ctx.new_tokens)
-                .with_context(|| format!("{n} streams, round {round}"))?;
-            rates.push(Summary::of(&round_records).output_tok_per_s);
-            records.extend(round_records);
-        }
-        levels.push(Level {
-            streams: n,
-            tok_per_s: super::median(&rates),
-            rounds_tok_per_s: rates,
-            summary: Summary::of(&records),
-        });
-    }
-    Ok(levels)
+    Ok(())
 }
 
-/// Serves `model` with `engine`, measures it, and stops it.
-async fn serve_and_measure(
+/// Round `round` at `n` streams: the same fresh prompts whichever server
+/// runs it.
+async fn round(
     ctx: &LlamaCtx<'_>,
-    engine: Engine,
+    clients: &Clients,
+    vocab: u32,
+    n: usize,
+    round: usize,
+) -> anyhow::Result<Vec<Record>> {
+    let seed = ctx.seed.wrapping_mul(1_000_003) + (n * 1000 + round) as u64;
+    let prompts = load::random_prompts(n, ctx.prompt_len, prompt_ids(vocab), seed);
+    let records = run_specs(
+        clients,
+        prompts
+            .into_iter()
+            .map(|p| spec(p, ctx.new_tokens))
+            .collect(),
+    )
+    .await;
+    check(&records, ctx.new_tokens).with_context(|| format!("{n} streams, round {round}"))?;
+    Ok(records)
+}
+
+/// Both servers on one file, started one after the other and both kept
+/// loaded; only one is sent requests at a time.
+struct Pair {
+    gyre: Server,
+    llama: LlamaServer,
+}
+
+impl Pair {
+    async fn start(ctx: &LlamaCtx<'_>, model: &Path, index: usize) -> anyhow::Result<Self> {
+        let gyre = Server::start(ServerOptions {
+            bin: ctx.gyre_bin,
+            model,
+            device: ctx.device,
+            threads: ctx.threads,
+            log: ctx.scratch.join(format!("l1-gyre-{index}.log")),
+            extra_args: ctx.server_args,
+        })
+        .await
+        .context("gyre")?;
+        let most = ctx.streams.iter().copied().max().unwrap_or(1);
+        let llama = LlamaServer::start(LlamaOptions {
+            bin: &ctx.llama_server,
+            model,
+            threads: ctx.threads,
+            slots: most,
+            slot_context: (ctx.prompt_len + ctx.new_tokens as usize + 64).next_power_of_two(),
+            log: ctx.scratch.join(format!("l1-llama-{index}.log")),
+            extra_args: ctx.llama_server_args,
+        })
+        .await;
+        match llama {
+            Ok(llama) => Ok(Self { gyre, llama }),
+            Err(e) => {
+                gyre.stop().await;
+                Err(e.context("llama.cpp"))
+            }
+        }
+    }
+
+    fn addr(&self, engine: Engine) -> std::net::SocketAddr {
+        match engine {
+            Engine::Gyre => self.gyre.http_addr,
+            Engine::LlamaCpp => self.llama.http_addr,
+        }
+    }
+
+    /// A failed measurement on `engine` with its server's log and state.
+    fn explain<T>(&mut self, engine: Engine, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        let (alive, log) = match engine {
+            Engine::Gyre => (self.gyre.alive(), self.gyre.log.clone()),
+            Engine::LlamaCpp => (self.llama.alive(), self.llama.log.clone()),
+        };
+        with_log(result, alive, &log).with_context(|| engine_name(engine))
+    }
+
+    async fn stop(self) {
+        self.gyre.stop().await;
+        self.llama.stop().await;
+    }
+}
+
+/// Measures both servers on `model`, rounds interleaved: per level, round r
+/// runs on one server and then the other (which first alternates from
+/// round to round and file to file), so that a change in the machine's
+/// speed during the run falls on both. Then gyre's perplexity. Each
+/// server's levels, and gyre's perplexity.
+async fn measure_pair(
+    ctx: &LlamaCtx<'_>,
     model: &Path,
     index: usize,
     vocab: u32,
     ppl: Option<&PplTokens>,
-) -> anyhow::Result<(Vec<Level>, Option<anyhow::Result<f64>>)> {
-    match engine {
-        Engine::Gyre => {
-            let mut server = Server::start(ServerOptions {
-                bin: ctx.gyre_bin,
-                model,
-                device: ctx.device,
-                threads: ctx.threads,
-                log: ctx.scratch.join(format!("l1-gyre-{index}.log")),
-                extra_args: ctx.server_args,
-            })
-            .await?;
-            let levels = measure(ctx, server.http_addr, vocab).await;
-            let perplexity = match (&levels, ppl) {
-                (Ok(_), Some(t)) => Some(gyre_perplexity(server.http_addr, t, ctx.ppl.ctx).await),
-                _ => None,
-            };
-            let (alive, log) = (server.alive(), server.log.clone());
-            server.stop().await;
-            Ok((with_log(levels, alive, &log)?, perplexity))
+) -> anyhow::Result<([Vec<Level>; 2], Option<anyhow::Result<f64>>)> {
+    let mut pair = Pair::start(ctx, model, index).await?;
+    let result = measure_started(ctx, &mut pair, index, vocab, ppl).await;
+    pair.stop().await;
+    result
+}
+
+async fn measure_started(
+    ctx: &LlamaCtx<'_>,
+    pair: &mut Pair,
+    index: usize,
+    vocab: u32,
+    ppl: Option<&PplTokens>,
+) -> anyhow::Result<([Vec<Level>; 2], Option<anyhow::Result<f64>>)> {
+    const ENGINES: [Engine; 2] = [Engine::Gyre, Engine::LlamaCpp];
+    let mut clients = Vec::new();
+    for engine in ENGINES {
+        let c = http_clients(pair.addr(engine)).await;
+        let c = pair.explain(engine, c)?;
+        let warm = warm_up(ctx, &c, vocab).await;
+        pair.explain(engine, warm)?;
+        clients.push(c);
+    }
+    let mut levels: [Vec<Level>; 2] = [Vec::new(), Vec::new()];
+    for &n in &ctx.streams {
+        let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let mut records: [Vec<Record>; 2] = [Vec::new(), Vec::new()];
+        for r in 0..ctx.rounds.max(1) {
+            let first = (index + r) % 2;
+            for e in [first, 1 - first] {
+                let got = round(ctx, &clients[e], vocab, n, r).await;
+                let got = pair.explain(ENGINES[e], got)?;
+                rates[e].push(Summary::of(&got).output_tok_per_s);
+                records[e].extend(got);
+            }
         }
-        Engine::LlamaCpp => {
-            let most = ctx.streams.iter().copied().max().unwrap_or(1);
-            let mut server = LlamaServer::start(LlamaOptions {
-                bin: &ctx.llama_server,
-                model,
-                threads: ctx.threads,
-                slots: most,
-                slot_context: (ctx.prompt_len + ctx.new_tokens as usize + 64).next_power_of_two(),
-                log: ctx.scratch.join(format!("l1-llama-{index}.log")),
-                extra_args: ctx.llama_server_args,
-            })
-            .await?;
-            let levels = measure(ctx, server.http_addr, vocab).await;
-            let (alive, log) = (server.alive(), server.log.clone());
-            server.stop().await;
-            Ok((with_log(levels, alive, &log)?, None))
+        for e in 0..2 {
+            levels[e].push(Level {
+                streams: n,
+                tok_per_s: super::median(&rates[e]),
+                rounds_tok_per_s: std::mem::take(&mut rates[e]),
+                summary: Summary::of(&records[e]),
+            });
         }
     }
+    let perplexity = match ppl {
+        Some(t) => Some(gyre_perplexity(pair.gyre.http_addr, t, ctx.ppl.ctx).await),
+        None => None,
+    };
+    Ok((levels, perplexity))
 }
 
 /// A failed measurement with where the server's log is, and whether the
@@ -288,11 +368,6 @@ async fn compare(
 ) -> anyhow::Result<(Vec<Row>, Value)> {
     let info = GgufInfo::read(model)?;
     let vocab = u32::try_from(info.vocab_size().unwrap_or(32000)).unwrap_or(u32::MAX);
-    let order = if index.is_multiple_of(2) {
-        [Engine::Gyre, Engine::LlamaCpp]
-    } else {
-        [Engine::LlamaCpp, Engine::Gyre]
-    };
     // The perplexity's token ids and llama.cpp's figure, with no server
     // loaded.
     let ppl_tokens = if ctx.ppl.chunks > 0 {
@@ -304,32 +379,20 @@ async fn compare(
         Some(Ok(t)) => Some(llama_perplexity(ctx, model, t.chunks).await),
         _ => None,
     };
-    let mut gyre_ppl = None;
-    let (mut gyre, mut llama) = (Vec::new(), Vec::new());
-    for engine in order {
-        eprintln!(
-            "gyre-bench: L1: {} on {} ...",
-            engine_name(engine),
-            model.display()
-        );
-        let tokens = ppl_tokens.as_ref().and_then(|t| t.as_ref().ok());
-        let (levels, ppl) = serve_and_measure(ctx, engine, model, index, vocab, tokens)
-            .await
-            .with_context(|| format!("{} on {}", engine_name(engine), model.display()))?;
-        if ppl.is_some() {
-            gyre_ppl = ppl;
-        }
-        match engine {
-            Engine::Gyre => gyre = levels,
-            Engine::LlamaCpp => llama = levels,
-        }
-    }
+    eprintln!(
+        "gyre-bench: L1: gyre and llama.cpp on {} ...",
+        model.display()
+    );
+    let tokens = ppl_tokens.as_ref().and_then(|t| t.as_ref().ok());
+    let ([gyre, llama], gyre_ppl) = measure_pair(ctx, model, index, vocab, tokens)
+        .await
+        .with_context(|| format!("{}", model.display()))?;
     let label = format!(
         "{} ({}, {:.0} M params)",
         model
             .file_stem()
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned()),
-        info.main_type(),
+        info.type_mix(),
         info.params_per_token() as f64 / 1e6
     );
     let mut rows = model_rows(&label, &info, ceilings, &gyre, &llama);
