@@ -27,12 +27,15 @@
 //! with `echo` and `logprobs` (the prompt tokens' log-probabilities).
 //! Target: gyre's within 2% of llama.cpp's.
 //!
-//! Ceilings (`ceilings.rs`), measured once per run: at 1 stream, the weights
-//! a decode step reads (`gguf_info.rs`) over the memory copy bandwidth gives
-//! the bandwidth limit in tokens/s, and each server's decode rate (1 / time
-//! per output token p50) is shown as a share of it (target for gyre on an
-//! f32 file: >= 80%); at 16 streams, 2 x the matrices' parameters x output
-//! tok/s is shown against the f32 matrix-product peak.
+//! Ceilings (`ceilings.rs`): at 1 stream, the weights a decode step reads
+//! (`gguf_info.rs`) over the memory copy bandwidth gives the bandwidth limit
+//! in tokens/s, and each server's decode rate (1 / time per output token
+//! p50) is shown as a share of it (target for gyre on an f32 file: >= 80%);
+//! the bandwidth is measured just before each 1-stream round (the median
+//! counts), since it moved 2x within minutes on the shared machine, as
+//! well as once at the start of the run. At 16 streams, 2 x the matrices'
+//! parameters x output tok/s is shown against the f32 matrix-product peak,
+//! measured once per run.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -96,6 +99,10 @@ struct Level {
     rounds_tok_per_s: Vec<f64>,
     /// Over every round's requests.
     summary: Summary,
+    /// At 1 stream, the median of the memory copy bandwidth measured just
+    /// before each round (both servers' rounds follow it), for the decode
+    /// rate's share of the bandwidth limit at the time.
+    copy_bandwidth: Option<f64>,
 }
 
 impl Level {
@@ -325,7 +332,14 @@ async fn measure_started(
     for &n in &ctx.streams {
         let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         let mut records: [Vec<Record>; 2] = [Vec::new(), Vec::new()];
+        let mut bandwidths = Vec::new();
         for r in 0..ctx.rounds.max(1) {
+            if n == 1 {
+                let threads = ctx.threads;
+                bandwidths.push(
+                    tokio::task::spawn_blocking(move || ceilings::copy_bandwidth(threads)).await?,
+                );
+            }
             let first = (index + r) % 2;
             for e in [first, 1 - first] {
                 let got = round(ctx, &clients[e], vocab, n, r).await;
@@ -340,6 +354,7 @@ async fn measure_started(
                 tok_per_s: super::median(&rates[e]),
                 rounds_tok_per_s: std::mem::take(&mut rates[e]),
                 summary: Summary::of(&records[e]),
+                copy_bandwidth: (!bandwidths.is_empty()).then(|| super::median(&bandwidths)),
             });
         }
     }
@@ -415,6 +430,11 @@ async fn compare(
     if let Some(result) = ppl_result {
         rows.push(ppl_row(&ctx.ppl, chunks, result));
     }
+    // The copy bandwidth measured beside this file's 1-stream rounds.
+    let bandwidth = gyre
+        .iter()
+        .find_map(|l| l.copy_bandwidth)
+        .unwrap_or(ceilings.copy_bandwidth);
     let details = json!({
         "perplexity": ppl_details,
         "model": model,
@@ -424,7 +444,8 @@ async fn compare(
         "file_bytes": info.file_bytes,
         "weights_bytes_per_token": info.bytes_per_token(),
         "params_per_token": info.params_per_token(),
-        "bandwidth_limit_tok_per_s": ceilings.copy_bandwidth / info.bytes_per_token() as f64,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_limit_tok_per_s": bandwidth / info.bytes_per_token() as f64,
         "gyre": gyre,
         "llama_cpp": llama,
     });
@@ -559,7 +580,8 @@ fn model_rows(
         );
         if n == 1 {
             let bytes = info.bytes_per_token() as f64;
-            let limit = ceilings.copy_bandwidth / bytes;
+            let bandwidth = g.copy_bandwidth.unwrap_or(ceilings.copy_bandwidth);
+            let limit = bandwidth / bytes;
             let share = |level: &Level| level.decode_tok_per_s() / limit;
             let show = |level: &Level| {
                 format!(
@@ -573,7 +595,7 @@ fn model_rows(
                 &format!(
                     "  1 stream: decode vs bandwidth limit ({:.1} MB / {:.1} GB/s = {limit:.1} tok/s)",
                     bytes / 1e6,
-                    ceilings.copy_bandwidth / 1e9
+                    bandwidth / 1e9
                 ),
             )
             .gyre(show(g))
@@ -634,6 +656,7 @@ mod tests {
             tok_per_s,
             rounds_tok_per_s: vec![tok_per_s],
             summary: Summary::of(&[record(64, gap_ms)]),
+            copy_bandwidth: None,
         }
     }
 
@@ -703,5 +726,15 @@ mod tests {
         assert_eq!(rows[3].met, crate::report::Met::Yes);
         // 2 x 1 M params x 600 tok/s = 1.2 GFLOP/s of 100.
         assert_eq!(rows[5].gyre, "1.2 GFLOP/s, 1%");
+        // The bandwidth measured beside a file's rounds wins over the run's.
+        let mut gyre = gyre;
+        gyre[0].copy_bandwidth = Some(0.8e9); // 200 tok/s for 4 MB a token
+        let rows = model_rows("m (F32, 1 M params)", &info, &ceilings, &gyre, &llama);
+        assert!(
+            rows[2].metric.contains("0.8 GB/s = 200.0 tok/s"),
+            "{}",
+            rows[2].metric
+        );
+        assert_eq!(rows[2].gyre, "100.0 tok/s, 50%");
     }
 }
