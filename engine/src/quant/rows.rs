@@ -127,33 +127,10 @@ impl QuantRows {
     /// dequantization, bit for bit).
     pub(crate) fn dequantize(&self) -> Result<Tensor, EngineError> {
         let values = match self.fmt {
-            Format::Q4K => self
+            Format::Q4K | Format::Q6K => self
                 .data
                 .chunks_exact(self.fmt.block_bytes())
-                .flat_map(|b| {
-                    let (d, m) = q4_k_block_scale_min(b);
-                    let qs = &b[8..];
-                    (0..QK).map(move |i| {
-                        let q = if i < 16 {
-                            qs[i] & 0x0f
-                        } else {
-                            qs[i - 16] >> 4
-                        };
-                        q as f32 * d + m
-                    })
-                })
-                .collect(),
-            Format::Q6K => self
-                .data
-                .chunks_exact(self.fmt.block_bytes())
-                .flat_map(|b| {
-                    let (lo, hi) = q4_k_block_scale_min(b);
-                    let qs = &b[8..];
-                    (0..QK).map(move |i| {
-                        let s = if i < QK / 2 { lo } else { hi };
-                        s * (i32::from(qs[i]) - 32) as f32
-                    })
-                })
+                .flat_map(|b| (0..QK).map(move |i| self.fmt.split_value(b, i)))
                 .collect(),
             _ => crate::gguf::dequantize(self.fmt.ggml(), &self.data, self.n * self.k)
                 .map_err(EngineError::Step)?,
@@ -183,11 +160,25 @@ fn q5_0_as_q8_0(b: &[u8], out: &mut Vec<u8>) {
     out.extend((0..QK).map(value));
 }
 
-/// A Q4_K piece's f32 scale and min (as [`split_q4_k`] wrote them), or a
-/// Q6_K piece's two scales.
-fn q4_k_block_scale_min(b: &[u8]) -> (f32, f32) {
-    let f = |i: usize| f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-    (f(0), f(4))
+impl Format {
+    /// Value `i` of a block of the split formats, as [`split_q4_k`] and
+    /// [`split_q6_k`] wrote it, the way ggml dequantizes the super-block:
+    /// Q4_K `scale * q + min`, Q6_K `scale * (q - 32)` with its half's
+    /// scale.
+    fn split_value(self, b: &[u8], i: usize) -> f32 {
+        let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let qs = &b[8..];
+        if self == Format::Q6K {
+            let s = if i < QK / 2 { f(0) } else { f(4) };
+            return s * (i32::from(qs[i]) - 32) as f32;
+        }
+        let q = if i < QK / 2 {
+            qs[i] & 0x0f
+        } else {
+            qs[i - QK / 2] >> 4
+        };
+        f32::from(q) * f(0) + f(4)
+    }
 }
 
 /// One Q6_K super-block (128 bytes of low 4 bits, 64 of high 2 bits, 16
