@@ -6,7 +6,10 @@
 //! arithmetic, and on AMD CPUs MKL takes a generic code path on top. Here the
 //! weights are packed once, at load, into panels of 32 output columns laid
 //! out k-major, and a register-tiled kernel (8 rows x 32 columns of
-//! accumulators) streams each panel once per 8 rows.
+//! accumulators) takes each block of 128 k of a panel (16 KiB) through up
+//! to 32 rows while the next block is prefetched, so a panel streams from
+//! memory once per 32 rows and the arithmetic overlaps the stream (a
+//! 16-stream decode step is bound by both: f32 weights give 8 FLOP a byte).
 //!
 //! Each output element is summed in a fixed order that depends only on k: a
 //! fused multiply-add chain over each block of `KC` consecutive k, and the
@@ -26,6 +29,9 @@ pub(crate) use crate::workers::Workers;
 const NR: usize = 32;
 /// Rows per register tile.
 const MR: usize = 8;
+/// Rows that share one pass over a panel: their block of x (16 KiB) and
+/// the panel's block (16 KiB) stay in L1 together.
+const SG: usize = 32;
 /// Panels a one-row product works on at once (8 accumulators).
 const PANELS1: usize = 4;
 /// Values of k summed in one chain before the chain's sum is added to the
@@ -131,29 +137,79 @@ impl Packed {
         }
     }
 
-    /// Columns `p*NR ..` of every row of the output.
+    /// Columns `p*NR ..` of every row of the output: for up to `SG` rows
+    /// at a time, the panel's blocks of `KC` values of k in order, each
+    /// block (16 KiB, in L1) through every group of `MR` rows before the
+    /// next, so the panel streams from memory once, at the pace of all the
+    /// rows' arithmetic, and the next block is prefetched meanwhile.
     fn panel(&self, x: &[f32], m: usize, p: usize, out: *mut f32) {
         let k = self.k;
         let w = &self.data[p * k * NR..(p + 1) * k * NR];
         let cols = NR.min(self.n - p * NR);
-        let mut tile = [0f32; MR * NR];
-        let mut r = 0;
-        while r < m {
-            let rows = MR.min(m - r);
-            kernel(&x[r * k..(r + rows) * k], k, rows, w, &mut tile);
+        let mut tile = [0f32; SG * NR];
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = SG.min(m - r0);
+            let mut k0 = 0;
+            while k0 < k {
+                let k1 = k.min(k0 + KC);
+                let mut g = 0;
+                while g < rows {
+                    let rr = MR.min(rows - g);
+                    let xr = &x[(r0 + g) * k..(r0 + g + rr) * k];
+                    let t = &mut tile[g * NR..(g + rr) * NR];
+                    // The first group prefetches the panel's next block.
+                    kernel(xr, k, rr, k0, k1, w, t, g == 0);
+                    g += rr;
+                }
+                k0 = k1;
+            }
             for i in 0..rows {
-                let dst = (r + i) * self.n + p * NR;
+                let dst = (r0 + i) * self.n + p * NR;
                 #[allow(unsafe_code)]
-                // SAFETY: `out` points at m * n floats; row r + i < m and
+                // SAFETY: `out` points at m * n floats; row r0 + i < m and
                 // columns p*NR .. p*NR + cols <= n, a range no other task
                 // writes (tasks own disjoint panels).
                 unsafe {
                     std::ptr::copy_nonoverlapping(tile[i * NR..].as_ptr(), out.add(dst), cols);
                 }
             }
-            r += rows;
+            r0 += rows;
         }
     }
+}
+
+/// Times `x W^T` with a random f32 weight [n, k] (streamed from memory,
+/// not the caches) against activations [m, k] on `threads` workers: mean milliseconds per call after one
+/// warm-up call. For profiling the kernel (`engine/examples/f32mm.rs`), not
+/// a test.
+pub fn time_matmul(
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+    iters: usize,
+) -> Result<f64, EngineError> {
+    if !available() {
+        return Err(EngineError::Unsupported(
+            "the packed f32 kernel needs AVX-512F".into(),
+        ));
+    }
+    // Enough copies of the weight that together they overflow the caches,
+    // so each call streams its weight from memory as a model's step does.
+    let copies = (256usize << 20).div_ceil(n * k * 4).max(1);
+    let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
+    let x = Tensor::randn([m as i64, k as i64], (Kind::Float, Device::Cpu));
+    let ps = (0..copies)
+        .map(|_| Packed::new(&w))
+        .collect::<Result<Vec<_>, _>>()?;
+    let workers = Workers::new(threads)?;
+    let _ = ps[0].forward(&x, &workers)?;
+    let t = std::time::Instant::now();
+    for i in 0..iters {
+        let _ = ps[i % copies].forward(&x, &workers)?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e3 / iters.max(1) as f64)
 }
 
 /// `x` [m, k] made contiguous, and its m; an error when its shape does not
@@ -177,30 +233,46 @@ unsafe impl Sync for SendPtr {}
 #[allow(unsafe_code)]
 unsafe impl Send for SendPtr {}
 
-/// `tile[i][c] = sum_k x[i][k] * w[k][c]` for `rows` <= MR rows of `x`
-/// ([rows, k]) and one packed panel `w` ([k, NR]).
-fn kernel(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]) {
+/// For `rows` <= MR rows of `x` ([rows, k]) and one packed panel `w` ([k,
+/// NR]), the sums over k0..k1 (one block of at most `KC`) of `x[i][k] *
+/// w[k][c]`, written to `tile[i][c]` when k0 is 0 and added to it after.
+/// `prefetch`: also prefetch the panel's next block (or the next panel's
+/// first) while at it.
+#[allow(clippy::too_many_arguments)]
+fn kernel(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    k0: usize,
+    k1: usize,
+    w: &[f32],
+    tile: &mut [f32],
+    prefetch: bool,
+) {
     debug_assert!(rows <= MR && x.len() >= rows * k && w.len() >= k * NR);
+    debug_assert!(k0 < k1 && k1 <= k && k1 - k0 <= KC && tile.len() >= rows * NR);
     #[cfg(target_arch = "x86_64")]
     if available_cached() {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX-512F (checked); the slices hold rows * k
-        // and k * NR floats (asserted by the callers' construction).
+        // and k * NR floats and the tile rows * NR (asserted above).
         unsafe {
-            match rows {
-                8 => avx512::tile::<8>(x, k, w, tile),
-                7 => avx512::tile::<7>(x, k, w, tile),
-                6 => avx512::tile::<6>(x, k, w, tile),
-                5 => avx512::tile::<5>(x, k, w, tile),
-                4 => avx512::tile::<4>(x, k, w, tile),
-                3 => avx512::tile::<3>(x, k, w, tile),
-                2 => avx512::tile::<2>(x, k, w, tile),
-                _ => avx512::tile::<1>(x, k, w, tile),
-            }
+            let f = match rows {
+                8 => avx512::block::<8>,
+                7 => avx512::block::<7>,
+                6 => avx512::block::<6>,
+                5 => avx512::block::<5>,
+                4 => avx512::block::<4>,
+                3 => avx512::block::<3>,
+                2 => avx512::block::<2>,
+                _ => avx512::block::<1>,
+            };
+            f(x, k, k0, k1, w, tile, prefetch);
         }
         return;
     }
-    portable(x, k, rows, w, tile);
+    let _ = prefetch;
+    portable(x, k, rows, k0, k1, w, tile);
 }
 
 /// [`kernel`] for one row over `PANELS1` consecutive panels (`w`, [PANELS1,
@@ -221,28 +293,30 @@ fn kernel_one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]
         return;
     }
     for (q, t) in tile.chunks_exact_mut(NR).enumerate() {
-        let mut one = [0f32; MR * NR];
-        portable(x, k, 1, &w[q * k * NR..(q + 1) * k * NR], &mut one);
-        t.copy_from_slice(&one[..NR]);
+        let panel = &w[q * k * NR..(q + 1) * k * NR];
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            portable(x, k, 1, k0, k1, panel, t);
+            k0 = k1;
+        }
     }
 }
 
 /// The kernel without SIMD, with the same order of operations per element.
-fn portable(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32; MR * NR]) {
+fn portable(x: &[f32], k: usize, rows: usize, k0: usize, k1: usize, w: &[f32], tile: &mut [f32]) {
     for i in 0..rows {
-        let xr = &x[i * k..(i + 1) * k];
+        let xr = &x[i * k + k0..i * k + k1];
         let t = &mut tile[i * NR..(i + 1) * NR];
-        for (b, block) in xr.chunks(KC).enumerate() {
-            let mut acc = [0f32; NR];
-            for (j, &xv) in block.iter().enumerate() {
-                let wk = &w[(b * KC + j) * NR..][..NR];
-                for (a, &wv) in acc.iter_mut().zip(wk) {
-                    *a = xv.mul_add(wv, *a);
-                }
+        let mut acc = [0f32; NR];
+        for (j, &xv) in xr.iter().enumerate() {
+            let wk = &w[(k0 + j) * NR..][..NR];
+            for (a, &wv) in acc.iter_mut().zip(wk) {
+                *a = xv.mul_add(wv, *a);
             }
-            for (tv, a) in t.iter_mut().zip(acc) {
-                *tv = if b == 0 { a } else { *tv + a };
-            }
+        }
+        for (tv, a) in t.iter_mut().zip(acc) {
+            *tv = if k0 == 0 { a } else { *tv + a };
         }
     }
 }
@@ -258,7 +332,7 @@ fn available_cached() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{KC, MR, NR, PANELS1};
+    use super::{KC, NR, PANELS1};
 
     /// One row over `PANELS1` panels: 2 * PANELS1 accumulators, each
     /// summing one block of `KC` values of k in order, the blocks' sums
@@ -301,51 +375,58 @@ mod avx512 {
         }
     }
 
-    /// Register tile of R rows x 32 columns: 2R accumulators, each summing
-    /// one block of `KC` values of k in order; the blocks' sums are added
-    /// into the tile in order.
+    /// Register tile of R rows x 32 columns over one block k0..k1 of k:
+    /// 2R accumulators, each summing the block in order, then written to
+    /// the tile (k0 = 0) or added to it. `prefetch`: the panel's next
+    /// block (KC rows of NR floats further on, the next panel's first past
+    /// this one's end) is prefetched, two cache lines per k.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile<const R: usize>(
+    pub(super) unsafe fn block<const R: usize>(
         x: &[f32],
         k: usize,
+        k0: usize,
+        k1: usize,
         w: &[f32],
-        tile: &mut [f32; MR * NR],
+        tile: &mut [f32],
+        prefetch: bool,
     ) {
         let wp = w.as_ptr();
         let xp = x.as_ptr();
         let tp = tile.as_mut_ptr();
-        let mut k0 = 0;
-        while k0 < k {
-            let k1 = k.min(k0 + KC);
-            let mut a0 = [_mm512_setzero_ps(); R];
-            let mut a1 = [_mm512_setzero_ps(); R];
-            for kk in k0..k1 {
-                // SAFETY (for the whole loop): kk < k, so the panel reads
-                // stay within k * NR floats and the row reads within R * k.
-                unsafe {
-                    let w0 = _mm512_loadu_ps(wp.add(kk * NR));
-                    let w1 = _mm512_loadu_ps(wp.add(kk * NR + 16));
-                    for r in 0..R {
-                        let xv = _mm512_set1_ps(*xp.add(r * k + kk));
-                        a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
-                        a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
-                    }
+        let mut a0 = [_mm512_setzero_ps(); R];
+        let mut a1 = [_mm512_setzero_ps(); R];
+        for kk in k0..k1 {
+            if prefetch {
+                // A hint only: the address may lie past the weights, so
+                // it is formed without `add`'s in-bounds promise.
+                let ahead = wp.wrapping_add((kk + KC) * NR).cast::<i8>();
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+            }
+            // SAFETY (for the whole loop): kk < k1 <= k, so the panel reads
+            // stay within k * NR floats and the row reads within R * k.
+            unsafe {
+                let w0 = _mm512_loadu_ps(wp.add(kk * NR));
+                let w1 = _mm512_loadu_ps(wp.add(kk * NR + 16));
+                for r in 0..R {
+                    let xv = _mm512_set1_ps(*xp.add(r * k + kk));
+                    a0[r] = _mm512_fmadd_ps(xv, w0, a0[r]);
+                    a1[r] = _mm512_fmadd_ps(xv, w1, a1[r]);
                 }
             }
-            for r in 0..R {
-                // SAFETY: r < R <= MR, so every access is inside the tile.
-                unsafe {
-                    let (t0, t1) = (tp.add(r * NR), tp.add(r * NR + 16));
-                    if k0 == 0 {
-                        _mm512_storeu_ps(t0, a0[r]);
-                        _mm512_storeu_ps(t1, a1[r]);
-                    } else {
-                        _mm512_storeu_ps(t0, _mm512_add_ps(_mm512_loadu_ps(t0), a0[r]));
-                        _mm512_storeu_ps(t1, _mm512_add_ps(_mm512_loadu_ps(t1), a1[r]));
-                    }
+        }
+        for r in 0..R {
+            // SAFETY: r < R and the tile holds R * NR floats.
+            unsafe {
+                let (t0, t1) = (tp.add(r * NR), tp.add(r * NR + 16));
+                if k0 == 0 {
+                    _mm512_storeu_ps(t0, a0[r]);
+                    _mm512_storeu_ps(t1, a1[r]);
+                } else {
+                    _mm512_storeu_ps(t0, _mm512_add_ps(_mm512_loadu_ps(t0), a0[r]));
+                    _mm512_storeu_ps(t1, _mm512_add_ps(_mm512_loadu_ps(t1), a1[r]));
                 }
             }
-            k0 = k1;
         }
     }
 }
@@ -358,6 +439,21 @@ mod tests {
         Workers::new(2).expect("workers")
     }
 
+    /// One panel's product over all of k, block by block, with the SIMD
+    /// kernel (prefetching) or the portable one.
+    fn whole(x: &[f32], k: usize, rows: usize, w: &[f32], tile: &mut [f32], simd: bool) {
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            if simd {
+                kernel(x, k, rows, k0, k1, w, tile, true);
+            } else {
+                portable(x, k, rows, k0, k1, w, tile);
+            }
+            k0 = k1;
+        }
+    }
+
     /// Matches libtorch's linear for ragged shapes, and each row's result
     /// does not depend on the other rows.
     #[test]
@@ -367,7 +463,7 @@ mod tests {
         for (n, k) in [(70usize, 45usize), (32, 512), (1000, 96)] {
             let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
             let p = Packed::new(&w).expect("pack");
-            for m in [1i64, 3, 8, 13, 40] {
+            for m in [1i64, 3, 8, 13, 40, 70] {
                 let x = Tensor::randn([m, k as i64], (Kind::Float, Device::Cpu));
                 let got = p.forward(&x, &pool).expect("forward");
                 let want = x.linear::<Tensor>(&w, None);
@@ -392,8 +488,8 @@ mod tests {
         let xs = crate::attn::f32_view(&x).expect("view");
         for rows in 1..=MR {
             let (mut a, mut b) = ([0f32; MR * NR], [0f32; MR * NR]);
-            kernel(xs, k, rows, &p.data, &mut a);
-            portable(xs, k, rows, &p.data, &mut b);
+            whole(xs, k, rows, &p.data, &mut a, true);
+            whole(xs, k, rows, &p.data, &mut b, false);
             assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows}");
         }
     }
@@ -451,8 +547,8 @@ mod tests {
         for q in 0..PANELS1 {
             let (mut simd, mut plain) = ([0f32; MR * NR], [0f32; MR * NR]);
             let panel = &p.data[q * k * NR..(q + 1) * k * NR];
-            kernel(xs, k, 1, panel, &mut simd);
-            portable(xs, k, 1, panel, &mut plain);
+            whole(xs, k, 1, panel, &mut simd, true);
+            whole(xs, k, 1, panel, &mut plain, false);
             assert_eq!(many[q * NR..(q + 1) * NR], simd[..NR], "panel {q}");
             assert_eq!(simd[..NR], plain[..NR], "panel {q}");
         }

@@ -1,0 +1,31 @@
+//! Times the CPU's packed f32 matrix product alone (no model): `x W^T` for
+//! random weights of SmolLM2-135M's projection shapes at the given numbers
+//! of activation rows. Mean milliseconds per call and the FLOP/s reached.
+//!
+//!     cargo run --release -p gyre-engine --example f32mm -- [rows,..] [threads] [iters]
+use gyre_engine::internals::time_f32_matmul;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rows: Vec<usize> = args
+        .get(1)
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 512]);
+    let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
+    for &m in &rows {
+        for (name, n, k) in [
+            ("qkv", 960, 576usize),
+            ("gate/up", 3072, 576),
+            ("down", 576, 1536),
+            ("head", 49152, 576),
+        ] {
+            let it = (iters * 64 / m.max(1)).max(3);
+            let ms = time_f32_matmul(n, k, m, threads, it).expect("timing");
+            println!(
+                "m={m} {name} [{n}x{k}]: {ms:.3} ms ({:.1} GFLOP/s)",
+                2.0 * (m * n * k) as f64 / ms / 1e6
+            );
+        }
+    }
+}
