@@ -1,7 +1,9 @@
 //! The machine's ceilings that L1 holds its figures against: the memory
 //! copy bandwidth (measured here, with plain slice copies) and the f32
-//! matrix-product peak (measured by `matmul_peak.py`: libtorch's GEMM on
-//! square matrices with the same thread count).
+//! matrix-product peak (measured by `matmul_peak.py`: the fastest of
+//! libtorch's and NumPy's GEMMs on square matrices with the same thread
+//! count; on AMD CPUs libtorch's MKL runs its AVX2 path at about half of
+//! what OpenBLAS's AVX-512 kernels reach).
 //!
 //! Copy bandwidth counts bytes read plus bytes written per second, as
 //! `tests/gpu/bandwidth.py` does on the GPU: `threads` threads each copy
@@ -48,6 +50,32 @@ pub struct MatmulPeak {
     pub n: usize,
     pub threads: usize,
     pub torch: String,
+    /// The library that gave `flops`.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Each library's best FLOP/s.
+    #[serde(default)]
+    pub by_source: std::collections::BTreeMap<String, f64>,
+}
+
+impl MatmulPeak {
+    /// "470.2 GFLOP/s, numpy (OpenBLAS, AVX-512 kernels); torch.mm 224.7"
+    pub fn describe(&self) -> String {
+        let mut s = format!("{:.1} GFLOP/s", self.flops / 1e9);
+        if let Some(src) = &self.source {
+            s += &format!(", {src}");
+        }
+        let others: Vec<String> = self
+            .by_source
+            .iter()
+            .filter(|(k, _)| Some(*k) != self.source.as_ref())
+            .map(|(k, v)| format!("{k} {:.1}", v / 1e9))
+            .collect();
+        if !others.is_empty() {
+            s += &format!("; {}", others.join(", "));
+        }
+        s
+    }
 }
 
 /// Runs `matmul_peak.py` with `threads` threads.
@@ -74,5 +102,15 @@ mod tests {
         )
         .expect("parses");
         assert_eq!((p.n, p.threads), (2048, 2));
+        assert_eq!(p.describe(), "150.0 GFLOP/s");
+        let p: MatmulPeak = serde_json::from_str(
+            r#"{"flops": 4.7e11, "n": 2048, "source": "numpy (OpenBLAS)", "threads": 2,
+                "torch": "2.11.0", "by_source": {"torch.mm": 2.2e11, "numpy (OpenBLAS)": 4.7e11}}"#,
+        )
+        .expect("parses");
+        assert_eq!(
+            p.describe(),
+            "470.0 GFLOP/s, numpy (OpenBLAS); torch.mm 220.0"
+        );
     }
 }

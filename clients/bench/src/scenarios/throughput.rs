@@ -125,9 +125,9 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
         let mut r = Row::new(
             "S2",
             &format!(
-                "{} streams: 2 x matrix params x tokens through the model / s vs f32 matmul peak ({:.1} GFLOP/s)",
+                "{} streams: 2 x matrix params x tokens through the model / s vs f32 matmul peak ({})",
                 sz.s2_streams,
-                peak.flops / 1e9
+                peak.describe()
             ),
         )
         .gyre(show(flops(gyre)))
