@@ -117,10 +117,11 @@ unsafe fn int8<const R: usize>(
 }
 
 /// Rows `r0 .. r0 + R` of the int8 kernel over group `g`: per block, the
-/// group's quants are loaded once and, for each row, one chain of integer
-/// dot products (`q.w`, then with `RES` times 128 plus `q2.w`), less the
-/// row-block's `corr`, is scaled into that row's accumulator, which stays
-/// in a register across the blocks. With `HALVES` (Q6_K) each 16 values
+/// group's quants are loaded once and, for each row, the integer dot
+/// products (`q.w`, then with `RES` times 128 plus `q2.w`; the rows'
+/// chains interleaved, see [`chains`]), less the row-block's `corr`, are
+/// scaled into that row's accumulator, which stays in a register across
+/// the blocks. With `HALVES` (Q6_K) each 16 values
 /// are a chain of their own, less their part of `corr`, scaled by their
 /// own scale.
 #[target_feature(enable = "avx512f,avx512vnni")]
@@ -158,32 +159,33 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool, const HAL
         unsafe {
             let wq = quants(fmt, gb);
             let (d, m) = scales(fmt, gb);
-            for (r, a) in acc.iter_mut().enumerate() {
-                let i = (r0 + r) * blocks + b;
-                let (xq, xq2) = (x.q.as_ptr().add(i * 32), q2.wrapping_add(i * 32));
-                if HALVES {
-                    let (wlo, whi) = wq.split_at(4);
-                    let (wlo, whi): (&[__m512i; 4], &[__m512i; 4]) = (
-                        wlo.try_into().unwrap_unchecked(),
-                        whi.try_into().unwrap_unchecked(),
-                    );
-                    let corr_lo = *x.corr_lo.get_unchecked(i);
-                    let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
-                    let lo = chain::<4, RES>(wlo, xq, xq2);
-                    let hi = chain::<4, RES>(whi, xq.add(16), xq2.wrapping_add(16));
-                    let lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(corr_lo));
-                    let hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(corr_hi));
-                    let xs = _mm512_set1_ps(*x.scale.get_unchecked(i));
-                    *a = _mm512_fmadd_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(lo), *a);
-                    *a = _mm512_fmadd_ps(_mm512_mul_ps(m, xs), _mm512_cvtepi32_ps(hi), *a);
-                    continue;
+            let idx: [usize; R] = std::array::from_fn(|r| (r0 + r) * blocks + b);
+            let xq: [*const i8; R] = std::array::from_fn(|r| x.q.as_ptr().add(idx[r] * 32));
+            let xq2: [*const i8; R] = std::array::from_fn(|r| q2.wrapping_add(idx[r] * 32));
+            let xs: [__m512; R] =
+                std::array::from_fn(|r| _mm512_set1_ps(*x.scale.get_unchecked(idx[r])));
+            if HALVES {
+                let lo = chains::<R, 0, 4, RES>(&wq, &xq, &xq2);
+                let hi = chains::<R, 4, 8, RES>(&wq, &xq, &xq2);
+                for r in 0..R {
+                    let corr_lo = *x.corr_lo.get_unchecked(idx[r]);
+                    let corr_hi = *x.corr.get_unchecked(idx[r]) - corr_lo;
+                    let lo = _mm512_sub_epi32(lo[r], _mm512_set1_epi32(corr_lo));
+                    let hi = _mm512_sub_epi32(hi[r], _mm512_set1_epi32(corr_hi));
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(d, xs[r]), _mm512_cvtepi32_ps(lo), acc[r]);
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(m, xs[r]), _mm512_cvtepi32_ps(hi), acc[r]);
                 }
-                let isum = chain::<8, RES>(&wq, xq, xq2);
-                let isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*x.corr.get_unchecked(i)));
-                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*x.scale.get_unchecked(i)));
-                *a = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), *a);
+                continue;
+            }
+            let isum = chains::<R, 0, 8, RES>(&wq, &xq, &xq2);
+            for r in 0..R {
+                let i = idx[r];
+                let isum = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(*x.corr.get_unchecked(i)));
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, xs[r]), _mm512_cvtepi32_ps(isum), acc[r]);
                 if MINS {
-                    *a = _mm512_fmadd_ps(m, _mm512_set1_ps(*x.sx.get_unchecked(i)), *a);
+                    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(*x.sx.get_unchecked(i)), acc[r]);
                 }
             }
         }
@@ -194,42 +196,47 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool, const HAL
     }
 }
 
-/// One row-block's chain over the quant vectors `wq` (4 k a vector: a
-/// block's 8, or a half's 4): `q.w` with the activations' quants at `xq`,
-/// or with `RES` `128 q.w + q2.w` with the residual's at `xq2`. Both must
-/// address `4 * N` readable bytes (`xq2` only with `RES`).
+/// The R rows' chains over the quant vectors `wq[Q0..Q1]` (4 k a vector:
+/// a block's 8, or a half's 4): per row `q.w` with the activations' quants
+/// at `xq[r]` (from k = 4 * Q0), or with `RES` `128 q.w + q2.w` with the
+/// residual's at `xq2[r]`. The rows' chains advance together, k by k, so
+/// that R independent dot products are in flight (one row's chain alone is
+/// bound by `vpdpbusd`'s latency); the sums are exact, so the order is
+/// free. Each `xq[r]` (and with `RES` `xq2[r]`) must address 32 readable
+/// bytes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn chain<const N: usize, const RES: bool>(
-    wq: &[__m512i; N],
-    xq: *const i8,
-    xq2: *const i8,
-) -> __m512i {
-    // SAFETY: as the caller's.
+// Index loops: the constant bounds unroll to registers (an iterator over
+// `wq` here did not, and ran 3x slower).
+#[allow(clippy::needless_range_loop)]
+unsafe fn chains<const R: usize, const Q0: usize, const Q1: usize, const RES: bool>(
+    wq: &[__m512i; 8],
+    xq: &[*const i8; R],
+    xq2: &[*const i8; R],
+) -> [__m512i; R] {
+    let mut isum = [_mm512_setzero_si512(); R];
+    // SAFETY: as the caller's: each pointer addresses a row-block's 32
+    // int8, read 4 at a time at k = 4q < 32.
     unsafe {
-        let isum = dot_chain(_mm512_setzero_si512(), wq, xq);
+        for q in Q0..Q1 {
+            for r in 0..R {
+                let x4 = xq[r].cast::<i32>().add(q).read_unaligned();
+                isum[r] = _mm512_dpbusd_epi32(isum[r], wq[q], _mm512_set1_epi32(x4));
+            }
+        }
         if RES {
-            dot_chain(_mm512_slli_epi32::<7>(isum), wq, xq2)
-        } else {
-            isum
+            for v in isum.iter_mut() {
+                *v = _mm512_slli_epi32::<7>(*v);
+            }
+            for q in Q0..Q1 {
+                for r in 0..R {
+                    let x4 = xq2[r].cast::<i32>().add(q).read_unaligned();
+                    isum[r] = _mm512_dpbusd_epi32(isum[r], wq[q], _mm512_set1_epi32(x4));
+                }
+            }
         }
     }
-}
-
-/// `acc` plus the 16 columns' integer dot products of a block's unsigned
-/// quants `wq` (4 k a vector) with the int8 activations at `xq` (read 4 at
-/// a time and broadcast): exact, one chain (the rows of a tile are
-/// independent chains). `xq` must address `4 * N` readable bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dot_chain<const N: usize>(mut acc: __m512i, wq: &[__m512i; N], xq: *const i8) -> __m512i {
-    let xp = xq.cast::<i32>();
-    for (q, &wv) in wq.iter().enumerate() {
-        // SAFETY: xq holds 4 * wq.len() int8, read 4 at a time.
-        let x4 = unsafe { xp.add(q).read_unaligned() };
-        acc = _mm512_dpbusd_epi32(acc, wv, _mm512_set1_epi32(x4));
-    }
-    acc
+    isum
 }
 
 #[target_feature(enable = "avx512f")]
