@@ -450,20 +450,30 @@ impl QuantMatrix {
         let rows = &rows;
         workers.run(chunks, |c| {
             let (g0, g1) = (c * per, ((c + 1) * per).min(groups));
+            // One tile per chunk, not one zeroed per group (the kernels
+            // write a tile's rows before they are read).
+            let mut tile = [[0f32; NG]; MR];
             for g in g0..g1 {
-                self.group(rows, m, g, kernel, out_ptr.0);
+                self.group(rows, m, g, kernel, out_ptr.0, &mut tile);
             }
         });
     }
 
     /// Columns `g*NG ..` of every row of the output.
-    fn group(&self, rows: &Rows, m: usize, g: usize, kernel: Kernel, out: *mut f32) {
+    fn group(
+        &self,
+        rows: &Rows,
+        m: usize,
+        g: usize,
+        kernel: Kernel,
+        out: *mut f32,
+        tile: &mut [[f32; NG]; MR],
+    ) {
         let cols = NG.min(self.n - g * NG);
-        let mut tile = [[0f32; NG]; MR];
         let mut r = 0;
         while r < m {
             let n_rows = MR.min(m - r);
-            self.tile(rows, r, n_rows, g, kernel, &mut tile);
+            self.tile(rows, r, n_rows, g, kernel, tile);
             for (i, t) in tile.iter().enumerate().take(n_rows) {
                 let dst = (r + i) * self.n + g * NG;
                 #[allow(unsafe_code)]
