@@ -1,5 +1,7 @@
 //! The decode attention of one sequence with AVX-512, for head dims of 16,
-//! 32, 64 and 128 (one to eight 16-float vectors per head). The same three
+//! 32, 64, 128 and 256 (one to sixteen 16-float vectors per head; past
+//! eight, the weighted sum of values runs over the head in halves, so its
+//! accumulators stay in registers). The same three
 //! passes as the portable body (scores, softmax, weighted sum of values),
 //! with the head's vectors held in registers: each score is one
 //! vector product reduced once, and the values are summed into register
@@ -28,6 +30,7 @@ pub(super) fn one_seq(
         32 => body::<2>(q, k, v, s, h, out),
         64 => body::<4>(q, k, v, s, h, out),
         128 => body::<8>(q, k, v, s, h, out),
+        256 => body::<16>(q, k, v, s, h, out),
         _ => return false,
     }
     true
@@ -74,32 +77,53 @@ fn body<const V: usize>(
         let og = &mut out[g * group * hd..][..group * hd];
         for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
             let p = &scores[i * t..][..t];
-            let mut a0 = [_mm512_setzero_ps(); V];
-            let mut a1 = [_mm512_setzero_ps(); V];
-            let mut pairs = s.slots.chunks_exact(2);
-            for (jj, pair) in pairs.by_ref().enumerate() {
-                let v0 = load::<V>(&v[row_of(pair[0], g)..][..hd]);
-                let v1 = load::<V>(&v[row_of(pair[1], g)..][..hd]);
-                let (p0, p1) = (_mm512_set1_ps(p[2 * jj]), _mm512_set1_ps(p[2 * jj + 1]));
-                for c in 0..V {
-                    a0[c] = _mm512_fmadd_ps(p0, v0[c], a0[c]);
-                    a1[c] = _mm512_fmadd_ps(p1, v1[c], a1[c]);
-                }
-            }
-            if let [last] = pairs.remainder() {
-                let vl = load::<V>(&v[row_of(*last, g)..][..hd]);
-                let pl = _mm512_set1_ps(p[t - 1]);
-                for c in 0..V {
-                    a0[c] = _mm512_fmadd_ps(pl, vl[c], a0[c]);
-                }
-            }
-            assert!(oh.len() >= hd);
-            for c in 0..V {
-                // SAFETY: `oh` holds hd = 16 * V floats (checked above).
-                unsafe {
-                    _mm512_storeu_ps(oh.as_mut_ptr().add(16 * c), _mm512_add_ps(a0[c], a1[c]))
-                };
+            if V <= 8 {
+                weighted::<V>(p, v, s.slots, |slot| row_of(slot, g), oh);
+            } else {
+                // Two passes over the keys, one per half of the head.
+                let half = hd / 2;
+                let (lo, hi) = oh.split_at_mut(half);
+                weighted::<8>(p, v, s.slots, |slot| row_of(slot, g), lo);
+                weighted::<8>(p, v, s.slots, |slot| row_of(slot, g) + half, hi);
             }
         }
+    }
+}
+
+/// `out` (W vectors) = the sum over the keys of `p[j]` times the W vectors
+/// of values at `at(slots[j])`, two keys in flight.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn weighted<const W: usize>(
+    p: &[f32],
+    v: &[f32],
+    slots: &[i64],
+    at: impl Fn(i64) -> usize,
+    out: &mut [f32],
+) {
+    let t = slots.len();
+    let mut a0 = [_mm512_setzero_ps(); W];
+    let mut a1 = [_mm512_setzero_ps(); W];
+    let mut pairs = slots.chunks_exact(2);
+    for (jj, pair) in pairs.by_ref().enumerate() {
+        let v0 = load::<W>(&v[at(pair[0])..][..16 * W]);
+        let v1 = load::<W>(&v[at(pair[1])..][..16 * W]);
+        let (p0, p1) = (_mm512_set1_ps(p[2 * jj]), _mm512_set1_ps(p[2 * jj + 1]));
+        for c in 0..W {
+            a0[c] = _mm512_fmadd_ps(p0, v0[c], a0[c]);
+            a1[c] = _mm512_fmadd_ps(p1, v1[c], a1[c]);
+        }
+    }
+    if let [last] = pairs.remainder() {
+        let vl = load::<W>(&v[at(*last)..][..16 * W]);
+        let pl = _mm512_set1_ps(p[t - 1]);
+        for c in 0..W {
+            a0[c] = _mm512_fmadd_ps(pl, vl[c], a0[c]);
+        }
+    }
+    assert!(out.len() >= 16 * W);
+    for c in 0..W {
+        // SAFETY: `out` holds 16 * W floats (checked above).
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), _mm512_add_ps(a0[c], a1[c])) };
     }
 }

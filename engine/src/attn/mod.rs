@@ -501,7 +501,7 @@ mod tests {
     #[test]
     fn both_paths_match_sdpa_for_every_head_dim() {
         tch::manual_seed(13);
-        for hd in [16i64, 32, 64, 80, 128] {
+        for hd in [16i64, 32, 64, 80, 128, 256] {
             let (nh, nkv, slots) = (6i64, 2i64, 300i64);
             let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
             let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
