@@ -7,6 +7,8 @@
 //! AVX2).
 //!
 //!     cargo run --release -p gyre-engine --example quantmm -- [rows,..] [threads] [iters]
+//!
+//! `SHAPE=n,k` times that weight shape alone.
 use gyre_engine::gguf::GgmlType;
 use gyre_engine::internals::{QuantKernel, time_quant_matmul};
 
@@ -19,14 +21,23 @@ fn main() {
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
     let kernels = [QuantKernel::Avx512Vnni, QuantKernel::Avx2];
+    // `SHAPE=n,k` times that one weight shape instead (e.g. Gemma 3 270M's
+    // vocabulary projection, 262144,640).
+    let shapes: Vec<(&str, usize, usize)> = match std::env::var("SHAPE").ok().and_then(|v| {
+        let (n, k) = v.split_once(',')?;
+        Some((n.parse().ok()?, k.parse().ok()?))
+    }) {
+        Some((n, k)) => vec![("SHAPE", n, k)],
+        None => vec![
+            ("qkv", 960, 576),
+            ("gate/up", 3072, 576),
+            ("down", 576, 1536),
+        ],
+    };
     for kernel in kernels.into_iter().filter(|k| k.runs_here()) {
         for fmt in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4K] {
             for &m in &rows {
-                for (name, n, k) in [
-                    ("qkv", 960, 576usize),
-                    ("gate/up", 3072, 576),
-                    ("down", 576, 1536),
-                ] {
+                for &(name, n, k) in &shapes {
                     let k = k.next_multiple_of(fmt.block().0);
                     let it = (iters * 64 / m.max(1)).max(3);
                     let times =

@@ -150,8 +150,23 @@ unsafe fn int8_rows<const R: usize, const RES: bool, const MINS: bool, const HAL
         }
     };
     let mut acc = [_mm512_setzero_ps(); R];
+    // The next group's blocks lie `blocks * stride` bytes on.
+    let stride = fmt.stride();
+    let next = blocks * stride;
     for b in 0..blocks {
         let gb = w.group_block(g, b).as_ptr();
+        if r0 == 0 {
+            // The first tile over this group prefetches the next group's
+            // block (a hint: past the last group the address is formed
+            // without `add`'s in-bounds promise), so that the memory
+            // stream runs while later tiles reuse this group from L1.
+            let ahead = gb.wrapping_add(next).cast::<i8>();
+            let mut off = 0;
+            while off < stride {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
+                off += 64;
+            }
+        }
         // SAFETY: `gb` is a whole group-block; every row-block index below
         // is `(r0 + r) * blocks + b` < n_blocks for r < R, within the
         // arrays (asserted above), and a row-block's quants are the 32 at
