@@ -167,8 +167,22 @@ unsafe fn int8(
     let corrected = fmt != Format::Q8_0;
     let flip = _mm256_set1_epi8(-128);
     let mut acc = [_mm256_setzero_ps(); MR];
+    // The next group's blocks lie `blocks * stride` bytes on.
+    let stride = fmt.stride();
+    let next = blocks * stride;
     for b in 0..blocks {
         let gb = w.group_block(g, b).as_ptr();
+        if r0 == 0 && h == 0 {
+            // The first pass over this group prefetches the next group's
+            // block (a hint: past the last group the address is formed
+            // without `add`'s in-bounds promise; see the AVX-512 kernel).
+            let ahead = gb.wrapping_add(next).cast::<i8>();
+            let mut off = 0;
+            while off < stride {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
+                off += 64;
+            }
+        }
         // SAFETY: `gb` is a whole group-block; each row-block index is
         // `(r0 + r) * blocks + b` < n_blocks, within the arrays (asserted
         // above), its quants the 32 at `i * 32`.
