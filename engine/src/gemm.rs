@@ -185,9 +185,9 @@ impl Packed {
 }
 
 /// Times `x W^T` with a random f32 weight [n, k] (streamed from memory,
-/// not the caches) against activations [m, k] on `threads` workers: mean milliseconds per call after one
-/// warm-up call. For profiling the kernel (`engine/examples/f32mm.rs`), not
-/// a test.
+/// not the caches) against activations [m, k] on `threads` workers: mean
+/// milliseconds per call after one warm-up call. For profiling the kernel
+/// (`engine/examples/f32mm.rs`), not a test.
 pub fn time_matmul(
     n: usize,
     k: usize,
@@ -199,6 +199,9 @@ pub fn time_matmul(
         return Err(EngineError::Unsupported(
             "the packed f32 kernel needs AVX-512F".into(),
         ));
+    }
+    if n == 0 || k == 0 || m == 0 {
+        return Err(EngineError::Step(format!("bad shape n {n} k {k} m {m}")));
     }
     // Enough copies of the weight that together they overflow the caches,
     // so each call streams its weight from memory as a model's step does.
