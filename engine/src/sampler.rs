@@ -9,6 +9,9 @@ use std::collections::{HashMap, HashSet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod argmax;
+pub use argmax::argmax;
+
 /// Sampling settings of one request, with defaults already resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
@@ -483,144 +486,6 @@ pub fn logprobs(logits: &[f32], token: u32, k: usize) -> crate::TokenLogprobs {
     }
 }
 
-/// Index of the largest value; the first one on ties (as torch.argmax).
-/// NaNs never win (but a NaN first value, which nothing compares above,
-/// stays the answer, as in a plain scan). Sixteen interleaved running
-/// maxima with their first indices, so the pass vectorises: a greedy step
-/// takes one per sequence over the whole vocabulary (262,144 logits on
-/// Gemma 3), on the step's critical path.
-pub fn argmax(logits: &[f32]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX512 {
-        #[allow(unsafe_code)]
-        // SAFETY: the CPU has AVX-512F (checked at run time).
-        return unsafe { argmax_avx512(logits) };
-    }
-    argmax_lanes(logits)
-}
-
-#[cfg(target_arch = "x86_64")]
-static HAS_AVX512: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
-
-/// [`argmax_lanes`] in AVX-512: four vectors of running maxima (64 lanes,
-/// four independent compare-and-blend chains) with their first indices.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn argmax_avx512(logits: &[f32]) -> u32 {
-    use std::arch::x86_64::*;
-    const V: usize = 4;
-    match logits.first() {
-        None => return 0,
-        Some(x) if x.is_nan() => return 0,
-        Some(_) => {}
-    }
-    let full = logits.len() / (16 * V) * (16 * V);
-    let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); V];
-    let mut at = [_mm512_set1_epi32(-1); V];
-    let mut idx: [__m512i; V] = std::array::from_fn(|v| {
-        let b = (16 * v) as i32;
-        _mm512_setr_epi32(
-            b,
-            b + 1,
-            b + 2,
-            b + 3,
-            b + 4,
-            b + 5,
-            b + 6,
-            b + 7,
-            b + 8,
-            b + 9,
-            b + 10,
-            b + 11,
-            b + 12,
-            b + 13,
-            b + 14,
-            b + 15,
-        )
-    });
-    let step = _mm512_set1_epi32((16 * V) as i32);
-    let p = logits.as_ptr();
-    let mut c = 0;
-    while c < full {
-        for v in 0..V {
-            // SAFETY: c + 16 v + 16 <= full <= logits.len().
-            #[allow(unsafe_code)]
-            let x = unsafe { _mm512_loadu_ps(p.add(c + 16 * v)) };
-            // Strictly above (ordered: a NaN is never above): each lane
-            // keeps its first maximum.
-            let m = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, max[v]);
-            max[v] = _mm512_mask_mov_ps(max[v], m, x);
-            at[v] = _mm512_mask_mov_epi32(at[v], m, idx[v]);
-            idx[v] = _mm512_add_epi32(idx[v], step);
-        }
-        c += 16 * V;
-    }
-    let (mut best, mut best_at) = (f32::NEG_INFINITY, u32::MAX);
-    for v in 0..V {
-        let (mut m, mut i) = ([0f32; 16], [0u32; 16]);
-        // SAFETY: 16 floats and 16 u32 to store into.
-        #[allow(unsafe_code)]
-        unsafe {
-            _mm512_storeu_ps(m.as_mut_ptr(), max[v]);
-            _mm512_storeu_si512(i.as_mut_ptr().cast(), at[v]);
-        }
-        for (&m, &i) in m.iter().zip(&i) {
-            if m > best || (m == best && i < best_at) {
-                (best, best_at) = (m, i);
-            }
-        }
-    }
-    for (j, &x) in logits[full..].iter().enumerate() {
-        if x > best {
-            (best, best_at) = (x, (full + j) as u32);
-        }
-    }
-    if best_at == u32::MAX { 0 } else { best_at }
-}
-
-#[inline(always)]
-fn argmax_lanes(logits: &[f32]) -> u32 {
-    const L: usize = 16;
-    // Indices fit u32: vocabularies are far below 2^32 (the result is one).
-    debug_assert!(logits.len() <= u32::MAX as usize);
-    match logits.first() {
-        None => return 0,
-        Some(x) if x.is_nan() => return 0,
-        Some(_) => {}
-    }
-    let mut max = [f32::NEG_INFINITY; L];
-    let mut at = [u32::MAX; L];
-    let chunks = logits.chunks_exact(L);
-    let tail = chunks.remainder();
-    let mut idx: [u32; L] = std::array::from_fn(|j| j as u32);
-    for chunk in chunks {
-        let chunk: &[f32; L] = chunk.try_into().unwrap_or(&[f32::NAN; L]);
-        for j in 0..L {
-            // Strictly above: each lane keeps its first maximum.
-            let better = chunk[j] > max[j];
-            max[j] = if better { chunk[j] } else { max[j] };
-            at[j] = if better { idx[j] } else { at[j] };
-            idx[j] += L as u32;
-        }
-    }
-    let (mut best, mut best_at) = (f32::NEG_INFINITY, u32::MAX);
-    for (&m, &i) in max.iter().zip(&at) {
-        if m > best || (m == best && i < best_at) {
-            (best, best_at) = (m, i);
-        }
-    }
-    let start = logits.len() - tail.len();
-    for (j, &x) in tail.iter().enumerate() {
-        if x > best {
-            (best, best_at) = (x, (start + j) as u32);
-        }
-    }
-    // Nothing above -inf (all -inf or NaN): the first value, as a scan
-    // that starts from it.
-    if best_at == u32::MAX { 0 } else { best_at }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,51 +498,6 @@ mod tests {
             seed: Some(seed),
             ..Sampling::default()
         })
-    }
-
-    /// The first maximum as a plain scan finds it.
-    fn scan(logits: &[f32]) -> u32 {
-        let mut best = 0;
-        for (i, &l) in logits.iter().enumerate() {
-            if l > logits[best] {
-                best = i;
-            }
-        }
-        best as u32
-    }
-
-    /// The vectorised argmax agrees with a plain scan: ties across and
-    /// within lanes, the tail, NaNs and infinities anywhere, every length
-    /// around the lane count.
-    #[test]
-    fn argmax_agrees_with_a_scan() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for len in (0..70).chain([127, 128, 130, 191, 1000, 4099]) {
-            for _ in 0..40 {
-                let v: Vec<f32> = (0..len)
-                    .map(|_| match next() % 16 {
-                        0 => f32::NAN,
-                        1 => f32::NEG_INFINITY,
-                        2 if len > 40 => f32::INFINITY,
-                        // Few distinct values: many ties.
-                        r => (r % 5) as f32 - 2.0,
-                    })
-                    .collect();
-                assert_eq!(argmax(&v), scan(&v), "{v:?}");
-                assert_eq!(argmax_lanes(&v), scan(&v), "{v:?}");
-            }
-        }
-        let all_neg_inf = [f32::NEG_INFINITY; 40];
-        assert_eq!(argmax(&all_neg_inf), 0);
-        let mut nan_first = [1.0f32; 33];
-        nan_first[0] = f32::NAN;
-        assert_eq!(argmax(&nan_first), 0);
     }
 
     #[test]
