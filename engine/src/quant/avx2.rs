@@ -173,15 +173,8 @@ unsafe fn int8(
     for b in 0..blocks {
         let gb = w.group_block(g, b).as_ptr();
         if r0 == 0 && h == 0 {
-            // The first pass over this group prefetches the next group's
-            // block (a hint: past the last group the address is formed
-            // without `add`'s in-bounds promise; see the AVX-512 kernel).
-            let ahead = gb.wrapping_add(next).cast::<i8>();
-            let mut off = 0;
-            while off < stride {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
-                off += 64;
-            }
+            // The first pass over this group prefetches the next one's block.
+            super::prefetch_next_group(gb, next, stride);
         }
         // SAFETY: `gb` is a whole group-block; each row-block index is
         // `(r0 + r) * blocks + b` < n_blocks, within the arrays (asserted

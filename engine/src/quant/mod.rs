@@ -597,6 +597,28 @@ impl QuantMatrix {
     }
 }
 
+/// Prefetches the `stride` bytes `next` bytes on from the group-block at
+/// `gb`: the same block of the next group, so that the weight stream runs
+/// while a kernel's later tiles reuse this group from L1 (the hardware
+/// prefetcher alone did not keep up). A hint: past the last group the
+/// address is formed without `add`'s in-bounds promise and never read.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_next_group(gb: *const u8, next: usize, stride: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let ahead = gb.wrapping_add(next).cast::<i8>();
+    let mut off = 0;
+    while off < stride {
+        #[allow(unsafe_code)]
+        // SAFETY: SSE is in every x86-64 CPU; a prefetch reads nothing and
+        // cannot fault, whatever the address.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off))
+        };
+        off += 64;
+    }
+}
+
 struct SendPtr(*mut f32);
 // SAFETY: the pointer is only used to write disjoint ranges of a buffer that
 // outlives the scope of the tasks that share it.
