@@ -546,6 +546,7 @@ impl Worker {
         let mut children = Vec::new();
         let mut beam_groups = Vec::new();
         let flat = self.host_rows(&logits, &host_rows, rows.len())?;
+        let flat = flat.as_slice();
         let picks = match &prepared {
             Some(p) => p.pick(&logits)?,
             None => Vec::new(),

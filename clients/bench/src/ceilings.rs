@@ -8,7 +8,10 @@
 //! Copy bandwidth counts bytes read plus bytes written per second, as
 //! `tests/gpu/bandwidth.py` does on the GPU: `threads` threads each copy
 //! their share of a buffer far larger than the caches, and the best of a few
-//! passes counts.
+//! passes counts. Read bandwidth (for S2's memory-bound ceiling: a decode
+//! step reads its weights and KV cache and writes little) counts bytes read
+//! per second: each thread sums its share, four sequential streams at once
+//! as a kernel walking several weight panels does.
 
 use std::time::Instant;
 
@@ -39,6 +42,49 @@ pub fn copy_bandwidth(threads: usize) -> f64 {
         std::hint::black_box(&dst);
     }
     2.0 * (chunk * threads) as f64 / best
+}
+
+/// The measured memory read bandwidth, bytes read per second.
+pub fn read_bandwidth(threads: usize) -> f64 {
+    const STREAMS: usize = 4;
+    let threads = threads.max(1);
+    let words = (COPY_BYTES / 8).next_multiple_of(threads * STREAMS * 8);
+    let src: Vec<u64> = (0..words as u64).collect();
+    let chunk = words / threads;
+    let mut best = f64::INFINITY;
+    for _ in 0..COPY_PASSES {
+        let started = Instant::now();
+        let sum = std::thread::scope(|s| {
+            let handles: Vec<_> = src
+                .chunks(chunk)
+                .map(|part| s.spawn(move || sum_streams::<STREAMS>(part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        best = best.min(started.elapsed().as_secs_f64());
+        std::hint::black_box(sum);
+    }
+    (words * 8) as f64 / best
+}
+
+/// The wrapping sum of `part`, read as `S` equal streams side by side,
+/// eight words (a cache line) of each in turn.
+fn sum_streams<const S: usize>(part: &[u64]) -> u64 {
+    let len = part.len() / S / 8 * 8;
+    let mut acc = [[0u64; 8]; S];
+    for i in (0..len).step_by(8) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let line = &part[j * len + i..j * len + i + 8];
+            for (x, &v) in a.iter_mut().zip(line) {
+                *x = x.wrapping_add(v);
+            }
+        }
+    }
+    let tail = part[S * len..].iter().fold(0u64, |a, &v| a.wrapping_add(v));
+    acc.iter().flatten().fold(tail, |a, &v| a.wrapping_add(v))
 }
 
 /// What `matmul_peak.py` prints.
@@ -94,6 +140,16 @@ pub async fn matmul_peak(python: &Python, threads: usize) -> anyhow::Result<Matm
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The streams' sum covers every word once (a ragged tail included).
+    #[test]
+    fn stream_sum_reads_every_word() {
+        for n in [0usize, 7, 64, 1000, 4096 + 13] {
+            let v: Vec<u64> = (1..=n as u64).collect();
+            let want = (n as u64) * (n as u64 + 1) / 2;
+            assert_eq!(sum_streams::<4>(&v), want, "n={n}");
+        }
+    }
 
     #[test]
     fn peak_output_parses() {

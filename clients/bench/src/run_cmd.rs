@@ -456,6 +456,21 @@ pub fn matmul_params(dir: &Path) -> Option<u64> {
     Some(n * (2 * h * q + 2 * h * kv + 3 * h * i) + v * h)
 }
 
+/// Floats of KV cache one token keeps over all layers (keys and values),
+/// from a Llama-style `config.json`.
+pub fn kv_floats_per_token(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let c: Value = serde_json::from_str(&text).ok()?;
+    let get = |k: &str| c.get(k).and_then(Value::as_u64);
+    let (h, n, heads) = (
+        get("hidden_size")?,
+        get("num_hidden_layers")?,
+        get("num_attention_heads")?,
+    );
+    let hd = get("head_dim").unwrap_or(h / heads.max(1));
+    Some(n * 2 * get("num_key_value_heads").unwrap_or(heads) * hd)
+}
+
 #[cfg(test)]
 mod tests {
     /// The bench model's shape: 8 layers of 512 wide (8 heads of 64, 4
@@ -478,6 +493,7 @@ mod tests {
             super::param_count(&dir),
             Some(2 * 32064 * 512 + 8 * (layer + 2 * 512) + 512)
         );
+        assert_eq!(super::kv_floats_per_token(&dir), Some(8 * 2 * 4 * 64));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

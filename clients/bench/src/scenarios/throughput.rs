@@ -116,6 +116,7 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
         }
     };
     let mut rows = vec![row];
+    let mut extra = None;
     if let (Some(peak), Some(params)) = (&peak, crate::run_cmd::matmul_params(&ctx.model_dir)) {
         let per_output =
             (sz.prompt_len + sz.output_len as usize - 1) as f64 / f64::from(sz.output_len.max(1));
@@ -136,6 +137,42 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
             r = r.reference(show(flops(hf.tok_per_s)));
         }
         rows.push(r);
+        if let Some(kv) = crate::run_cmd::kv_floats_per_token(&ctx.model_dir) {
+            let threads = ctx.threads;
+            let read =
+                tokio::task::spawn_blocking(move || crate::ceilings::read_bandwidth(threads))
+                    .await
+                    .unwrap_or(f64::NAN);
+            let load = S2Load {
+                streams: sz.s2_streams,
+                prompt: sz.prompt_len,
+                output: sz.output_len as usize,
+                params,
+                kv_floats_per_token: kv,
+            };
+            let ceiling = flops(load.ceiling_tok_per_s(peak.flops, read));
+            rows.push(
+                Row::new(
+                    "S2",
+                    &format!(
+                        "{} streams: memory-bound ceiling (each decode step reads the f32 weights and KV cache at {:.1} GB/s read bandwidth, prompts at the peak) and gyre's share of it",
+                        sz.s2_streams,
+                        read / 1e9
+                    ),
+                )
+                .gyre(format!(
+                    "{:.1} GFLOP/s, {:.0}% of peak",
+                    ceiling / 1e9,
+                    100.0 * ceiling / peak.flops
+                ))
+                .value(flops(gyre) / ceiling),
+            );
+            extra = Some(json!({
+                "read_bandwidth_bytes_per_s": read,
+                "ceiling_flops": ceiling,
+                "kv_floats_per_token": kv,
+            }));
+        }
     }
     let latency = Row::new("S2", "TTFT p50/p99, ITL p50/p99 (ms)").gyre(format!(
         "{:.1}/{:.1}, {:.1}/{:.1}",
@@ -157,9 +194,41 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
         "ratio": hf.as_ref().map(|h| gyre / h.tok_per_s),
         "matmul_peak": peak,
         "matmul_params": crate::run_cmd::matmul_params(&ctx.model_dir),
+        "ceiling": extra,
     });
     rows.push(latency);
     Ok((rows, details))
+}
+
+/// S2's load, for its memory-bound ceiling.
+struct S2Load {
+    streams: usize,
+    prompt: usize,
+    output: usize,
+    /// Parameters of the matrices (f32 on the CPU: 4 bytes each).
+    params: u64,
+    kv_floats_per_token: u64,
+}
+
+impl S2Load {
+    /// The output tokens per second of a round if every pass through the
+    /// model took the longer of its arithmetic at `peak` FLOP/s and its
+    /// reads at `read` bytes/s: the prompts' pass (all streams' prompt
+    /// tokens at once), then one decode step per output token but the
+    /// first, each reading every weight and each stream's KV cache so far.
+    fn ceiling_tok_per_s(&self, peak: f64, read: f64) -> f64 {
+        let weights = 4.0 * self.params as f64;
+        let kv_token = 4.0 * self.kv_floats_per_token as f64;
+        let streams = self.streams as f64;
+        let pass =
+            |tokens: f64, bytes: f64| (2.0 * self.params as f64 * tokens / peak).max(bytes / read);
+        let mut seconds = pass(streams * self.prompt as f64, weights);
+        for s in 1..self.output {
+            let context = (self.prompt + s) as f64;
+            seconds += pass(streams, weights + streams * context * kv_token);
+        }
+        streams * self.output as f64 / seconds
+    }
 }
 
 /// transformers' `generate` on `prompts` (None with `--no-reference`).
@@ -200,4 +269,31 @@ pub async fn reference_ttft(ctx: &Ctx, prompts: &[Vec<u32>]) -> anyhow::Result<O
         scratch: &ctx.scratch,
     };
     run_hf(&ctx.python, spec).await.map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::S2Load;
+
+    /// Decode steps bound by their reads, the prompts' pass by its
+    /// arithmetic: the ceiling is the tokens over the sum of both.
+    #[test]
+    fn ceiling_adds_the_prompt_pass_and_the_steps_reads() {
+        let load = S2Load {
+            streams: 2,
+            prompt: 10,
+            output: 3,
+            params: 1000,
+            kv_floats_per_token: 5,
+        };
+        let (peak, read) = (1e6, 1e6);
+        // Prompts: 2 x 1000 x 20 FLOP = 40 ms (reads 4 ms); steps 1 and 2
+        // read 4000 B of weights + 2 x 11 (12) x 20 B of cache.
+        let want = 6.0 / (0.04 + (4000.0 + 440.0) / 1e6 + (4000.0 + 480.0) / 1e6);
+        let got = load.ceiling_tok_per_s(peak, read);
+        assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+        // A slow enough peak makes the steps compute-bound too.
+        let slow = load.ceiling_tok_per_s(1e3, read);
+        assert!((slow - 6.0 / (40.0 + 2.0 * 4.0)).abs() < 1e-9, "{slow}");
+    }
 }
