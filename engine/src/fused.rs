@@ -61,6 +61,12 @@ fn enabled() -> bool {
         && !*ENV_OFF.get_or_init(|| std::env::var("GYRE_FUSED_KERNELS").is_ok_and(|v| v == "0"))
 }
 
+/// Whether gyre's own CPU ops are on (not turned off as [`enabled`] says):
+/// the packed gate/up product's fused SiLU (`crate::gemm`) asks.
+pub(crate) fn cpu_enabled() -> bool {
+    enabled()
+}
+
 /// Whether [`cpu`]'s ops can take `t`: enabled, a contiguous float32 CPU
 /// tensor.
 fn cpu_usable(t: &Tensor) -> bool {
@@ -321,6 +327,7 @@ fn cuda_silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
 
 /// The ops on the CPU in float32 (`fused/cpu.rs`).
 mod cpu;
+pub(crate) use cpu::silu_mul_slice;
 
 /// Checks and timings against libtorch for `cuda_check` (`fused/check.rs`).
 mod check;

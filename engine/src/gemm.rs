@@ -57,39 +57,67 @@ pub(crate) struct Packed {
     n: usize,
     k: usize,
     data: Vec<f32>,
+    /// A stacked gate/up weight packed for [`Packed::forward_silu`]: the
+    /// intermediate width, and panels alternating gate and up (see
+    /// [`Packed::gated`]).
+    gated: Option<usize>,
 }
 
 impl Packed {
     /// Packs a float32 weight [n, k].
     pub(crate) fn new(w: &Tensor) -> Result<Self, EngineError> {
-        let w = w
-            .f_to_device(Device::Cpu)?
-            .f_to_kind(Kind::Float)?
-            .f_contiguous()?;
-        let size = w.size();
-        let [n, k] = size[..] else {
+        let (src, n, k) = weight_rows(w)?;
+        let data = pack(crate::attn::f32_view(&src)?, k, n.div_ceil(NR), |p| {
+            (p * NR, NR.min(n - p * NR))
+        });
+        Ok(Self {
+            n,
+            k,
+            data,
+            gated: None,
+        })
+    }
+
+    /// Packs a stacked gate/up weight [2 * inter, k] (gate rows first) for
+    /// [`Packed::forward_silu`]: panel 2j holds gate columns j*NR.., panel
+    /// 2j + 1 the same up columns, so one task computes both tiles of a
+    /// column range and writes `silu(gate) * up`, in parallel, without the
+    /// [m, 2 * inter] product going through memory.
+    pub(crate) fn gated(w: &Tensor) -> Result<Self, EngineError> {
+        let (src, n, k) = weight_rows(w)?;
+        if n % 2 != 0 {
             return Err(EngineError::Step(format!(
-                "expected a 2-d weight, got {size:?}"
+                "a stacked gate/up weight needs an even row count, got {n}"
             )));
-        };
-        let (n, k) = (n as usize, k as usize);
-        let src = crate::attn::f32_view(&w)?;
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0f32; panels * k * NR];
-        for p in 0..panels {
-            let dst = &mut data[p * k * NR..(p + 1) * k * NR];
-            for c in 0..NR.min(n - p * NR) {
-                let row = &src[(p * NR + c) * k..][..k];
-                for (kk, &v) in row.iter().enumerate() {
-                    dst[kk * NR + c] = v;
-                }
-            }
         }
-        Ok(Self { n, k, data })
+        let inter = n / 2;
+        let data = pack(
+            crate::attn::f32_view(&src)?,
+            k,
+            2 * inter.div_ceil(NR),
+            |p| {
+                let c0 = (p / 2) * NR;
+                ((p % 2) * inter + c0, NR.min(inter - c0))
+            },
+        );
+        Ok(Self {
+            n,
+            k,
+            data,
+            gated: Some(inter),
+        })
+    }
+
+    /// Whether this was packed by [`Packed::gated`].
+    pub(crate) fn is_gated(&self) -> bool {
+        self.gated.is_some()
     }
 
     /// `x W^T` for a float32 CPU `x` [m, k] -> [m, n], split over `pool`.
     pub(crate) fn forward(&self, x: &Tensor, workers: &Workers) -> Result<Tensor, EngineError> {
+        if self.gated.is_some() {
+            return self.forward_pairs(x, workers, false);
+        }
         let (x, m) = input_rows(x, self.k)?;
         let xs = crate::attn::f32_view(&x)?;
         // Every output element is written once: each chunk's panels cover
@@ -143,41 +171,14 @@ impl Packed {
         }
     }
 
-    /// Columns `p*NR ..` of every row of the output: for up to `SG` rows
-    /// at a time, the panel's blocks of `KC` values of k in order, each
-    /// block (16 KiB, in L1) through every group of `MR` rows before the
-    /// next, so the panel streams from memory once, at the pace of all the
-    /// rows' arithmetic, and the next block is prefetched meanwhile.
+    /// Columns `p*NR ..` of every row of the output, `SG` rows at a time
+    /// (see [`Packed::panel_rows`]).
     fn panel(&self, x: &[f32], m: usize, p: usize, out: *mut f32, tile: &mut [f32; SG * NR]) {
-        let k = self.k;
-        let w = &self.data[p * k * NR..(p + 1) * k * NR];
         let cols = NR.min(self.n - p * NR);
         let mut r0 = 0;
         while r0 < m {
             let rows = SG.min(m - r0);
-            let mut k0 = 0;
-            while k0 < k {
-                let k1 = k.min(k0 + KC);
-                let mut g = 0;
-                while g < rows {
-                    let rr = MR.min(rows - g);
-                    let xr = &x[(r0 + g) * k..(r0 + g + rr) * k];
-                    let t = &mut tile[g * NR..(g + rr) * NR];
-                    // The first two groups share prefetching the panel's
-                    // next block, a cache line per k each: one group
-                    // issuing both lines (256 in a row) was 5-10% slower
-                    // at 16 rows, its FMAs stalled behind the misses.
-                    let lines = match (g / MR, rows > MR) {
-                        (0, false) => 0b11,
-                        (0, true) => 0b01,
-                        (1, _) => 0b10,
-                        _ => 0,
-                    };
-                    kernel(xr, k, rr, k0, k1, w, t, lines);
-                    g += rr;
-                }
-                k0 = k1;
-            }
+            self.panel_rows(x, r0, rows, p, tile);
             for i in 0..rows {
                 let dst = (r0 + i) * self.n + p * NR;
                 #[allow(unsafe_code)]
@@ -191,6 +192,196 @@ impl Packed {
             r0 += rows;
         }
     }
+
+    /// Panel `p` of rows `r0 .. r0 + rows` (at most `SG`) into `tile`:
+    /// the panel's blocks of `KC` values of k in order, each block (16 KiB,
+    /// in L1) through every group of `MR` rows before the next, so the
+    /// panel streams from memory once, at the pace of all the rows'
+    /// arithmetic, and the next block is prefetched meanwhile.
+    fn panel_rows(&self, x: &[f32], r0: usize, rows: usize, p: usize, tile: &mut [f32; SG * NR]) {
+        let k = self.k;
+        let w = &self.data[p * k * NR..(p + 1) * k * NR];
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            let mut g = 0;
+            while g < rows {
+                let rr = MR.min(rows - g);
+                let xr = &x[(r0 + g) * k..(r0 + g + rr) * k];
+                let t = &mut tile[g * NR..(g + rr) * NR];
+                // The first two groups share prefetching the panel's
+                // next block, a cache line per k each: one group
+                // issuing both lines (256 in a row) was 5-10% slower
+                // at 16 rows, its FMAs stalled behind the misses.
+                let lines = match (g / MR, rows > MR) {
+                    (0, false) => 0b11,
+                    (0, true) => 0b01,
+                    (1, _) => 0b10,
+                    _ => 0,
+                };
+                kernel(xr, k, rr, k0, k1, w, t, lines);
+                g += rr;
+            }
+            k0 = k1;
+        }
+    }
+
+    /// `silu(x G^T) * (x U^T)` for a weight packed by [`Packed::gated`]
+    /// and a float32 CPU `x` [m, k] -> [m, inter], split over `workers`.
+    /// Each element is what `forward` then the SiLU-and-multiply pass give
+    /// it, to the bit.
+    pub(crate) fn forward_silu(
+        &self,
+        x: &Tensor,
+        workers: &Workers,
+    ) -> Result<Tensor, EngineError> {
+        self.forward_pairs(x, workers, true)
+    }
+
+    /// A gated weight's product by column pairs: with `silu`, `silu(gate) *
+    /// up` [m, inter]; without, gate and up as `forward` gives them [m, 2 *
+    /// inter].
+    fn forward_pairs(
+        &self,
+        x: &Tensor,
+        workers: &Workers,
+        silu: bool,
+    ) -> Result<Tensor, EngineError> {
+        let Some(inter) = self.gated else {
+            return Err(EngineError::Step(
+                "forward_silu needs a gate/up weight packed for it".into(),
+            ));
+        };
+        let (x, m) = input_rows(x, self.k)?;
+        let xs = crate::attn::f32_view(&x)?;
+        let width = if silu { inter } else { 2 * inter };
+        crate::attn::f32_tensor_written(&[m as i64, width as i64], |out| {
+            let pairs = inter.div_ceil(NR);
+            let chunks = (workers.threads() * 4).clamp(1, pairs);
+            let mut per = pairs.div_ceil(chunks);
+            if m == 1 {
+                // Whole groups of panels for the one-row kernel.
+                per = per.next_multiple_of(PANELS1 / 2);
+            }
+            let out_ptr = SendPtr(out);
+            let out_ptr = &out_ptr;
+            workers.run(chunks, |c| {
+                let (j0, j1) = (c * per, ((c + 1) * per).min(pairs));
+                let mut j = j0;
+                while m == 1 && j + PANELS1 / 2 <= j1 {
+                    let k = self.k;
+                    let w = &self.data[2 * j * k * NR..(2 * j + PANELS1) * k * NR];
+                    let mut tile = [0f32; PANELS1 * NR];
+                    kernel_one_row(xs, k, w, &mut tile);
+                    for q in 0..PANELS1 / 2 {
+                        let (g, u) = tile[2 * q * NR..].split_at(NR);
+                        self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
+                    }
+                    j += PANELS1 / 2;
+                }
+                if j < j1 {
+                    let mut gate = [0f32; SG * NR];
+                    let mut up = [0f32; SG * NR];
+                    for j in j..j1 {
+                        let mut r0 = 0;
+                        while r0 < m {
+                            let rows = SG.min(m - r0);
+                            self.panel_rows(xs, r0, rows, 2 * j, &mut gate);
+                            self.panel_rows(xs, r0, rows, 2 * j + 1, &mut up);
+                            for i in 0..rows {
+                                let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
+                                self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
+                            }
+                            r0 += rows;
+                        }
+                    }
+                }
+            });
+        })
+    }
+
+    /// Row `r`, columns `j*NR ..` of a gated output from the tiles' columns
+    /// that exist: with `silu`, `silu(g) * u` into [.., inter]; without, `g`
+    /// and `u` into their columns of [.., 2 * inter].
+    #[allow(clippy::too_many_arguments)]
+    fn write_pair(
+        &self,
+        out: *mut f32,
+        inter: usize,
+        silu: bool,
+        r: usize,
+        j: usize,
+        g: &[f32],
+        u: &[f32],
+    ) {
+        let cols = NR.min(inter - j * NR);
+        let width = if silu { inter } else { 2 * inter };
+        #[allow(unsafe_code)]
+        // SAFETY: `out` points at m * width floats with r < m; this task
+        // alone writes columns j*NR .. j*NR + cols (<= inter) of row r, and
+        // without `silu` the same columns + inter (tasks own disjoint
+        // column pairs).
+        let at = |c0: usize| unsafe {
+            std::slice::from_raw_parts_mut(out.add(r * width + c0 + j * NR), cols)
+        };
+        if silu {
+            silu_into(&g[..cols], &u[..cols], at(0));
+        } else {
+            at(0).copy_from_slice(&g[..cols]);
+            at(inter).copy_from_slice(&u[..cols]);
+        }
+    }
+}
+
+/// [`crate::fused::silu_mul_slice`] with AVX-512 where the CPU has it.
+fn silu_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if available_cached() {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F (checked).
+        unsafe {
+            avx512::silu(g, u, out)
+        };
+        return;
+    }
+    crate::fused::silu_mul_slice(g, u, out);
+}
+
+/// A float32 weight [n, k] made contiguous on the CPU, with n and k.
+fn weight_rows(w: &Tensor) -> Result<(Tensor, usize, usize), EngineError> {
+    let w = w
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(Kind::Float)?
+        .f_contiguous()?;
+    let size = w.size();
+    let [n, k] = size[..] else {
+        return Err(EngineError::Step(format!(
+            "expected a 2-d weight, got {size:?}"
+        )));
+    };
+    Ok((w, n as usize, k as usize))
+}
+
+/// `panels` panels of `NR` columns from the rows of `src` ([rows, k]):
+/// panel p takes `count` rows from `first` (`rows_of(p)`), zero past them.
+fn pack(
+    src: &[f32],
+    k: usize,
+    panels: usize,
+    rows_of: impl Fn(usize) -> (usize, usize),
+) -> Vec<f32> {
+    let mut data = vec![0f32; panels * k * NR];
+    for p in 0..panels {
+        let dst = &mut data[p * k * NR..(p + 1) * k * NR];
+        let (first, count) = rows_of(p);
+        for c in 0..count {
+            let row = &src[(first + c) * k..][..k];
+            for (kk, &v) in row.iter().enumerate() {
+                dst[kk * NR + c] = v;
+            }
+        }
+    }
+    data
 }
 
 /// Times `x W^T` with a random f32 weight [n, k] (streamed from memory,
@@ -351,6 +542,12 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{KC, NR, PANELS1};
+
+    /// [`crate::fused::silu_mul_slice`] compiled for AVX-512 (vectorised).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn silu(g: &[f32], u: &[f32], out: &mut [f32]) {
+        crate::fused::silu_mul_slice(g, u, out);
+    }
 
     /// One row over `PANELS1` panels: 2 * PANELS1 accumulators, each
     /// summing one block of `KC` values of k in order, the blocks' sums
@@ -581,6 +778,39 @@ mod tests {
             let alone = p.forward(&x.narrow(0, r, 1), &pool).expect("row");
             assert!(batch.narrow(0, r, 1).equal(&alone), "row {r} differs alone");
         }
+    }
+
+    /// The gated product equals the plain product then the SiLU pass, to
+    /// the bit, for every row count's path (one row: whole groups of
+    /// panels and a remainder) and an intermediate width that ends in a
+    /// partial panel; without the SiLU it is the plain product.
+    #[test]
+    fn gated_silu_equals_product_then_silu() {
+        tch::manual_seed(13);
+        let pool = pool();
+        for (inter, k) in [(5 * NR + 7, 2 * KC + 37), (3 * NR, 96)] {
+            let w = Tensor::randn([2 * inter as i64, k as i64], (Kind::Float, Device::Cpu));
+            let plain = Packed::new(&w).expect("pack");
+            let gated = Packed::gated(&w).expect("pack gated");
+            for m in [1i64, 3, 13, 40] {
+                let x = Tensor::randn([m, k as i64], (Kind::Float, Device::Cpu));
+                let gu = plain.forward(&x, &pool).expect("forward");
+                let want = crate::fused::silu_mul(&gu, inter as i64)
+                    .expect("silu")
+                    .expect("cpu silu");
+                let got = gated.forward_silu(&x, &pool).expect("gated");
+                assert!(got.equal(&want), "inter={inter} k={k} m={m}");
+            }
+            for m in [1i64, 2, 13] {
+                let x = Tensor::randn([m, k as i64], (Kind::Float, Device::Cpu));
+                let both = gated.forward(&x, &pool).expect("gated plain");
+                assert!(both.equal(&plain.forward(&x, &pool).expect("plain")));
+            }
+            let x = Tensor::randn([2, k as i64], (Kind::Float, Device::Cpu));
+            assert!(plain.forward_silu(&x, &pool).is_err());
+        }
+        let odd = Tensor::zeros([7, 8], (Kind::Float, Device::Cpu));
+        assert!(Packed::gated(&odd).is_err());
     }
 
     #[test]

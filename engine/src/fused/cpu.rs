@@ -198,11 +198,18 @@ fn silu_rows_avx512(a: &[f32], out: &mut [f32], i: usize, width: usize) {
 fn silu_rows(a: &[f32], out: &mut [f32], i: usize, width: usize) {
     for (r, o) in out.chunks_mut(i.max(1)).enumerate() {
         let (g, u) = a[r * width..(r + 1) * width].split_at(i);
-        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-            let e = crate::attn::exp(-g.abs());
-            let num = if g >= 0.0 { 1.0 } else { e };
-            *o = g * (num / (1.0 + e)) * u;
-        }
+        silu_mul_slice(g, u, o);
+    }
+}
+
+/// `out[j] = silu(g[j]) * u[j]` (see [`silu_rows`]); also the packed
+/// gate/up product's epilogue (`crate::gemm`), to the bit the same.
+#[inline(always)]
+pub(crate) fn silu_mul_slice(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        let e = crate::attn::exp(-g.abs());
+        let num = if g >= 0.0 { 1.0 } else { e };
+        *o = g * (num / (1.0 + e)) * u;
     }
 }
 

@@ -58,6 +58,34 @@ impl Linear {
         Ok(Self { w, bias })
     }
 
+    /// A stacked gate/up weight [2 * inter, in] (gate rows first): packed
+    /// for [`Linear::forward_silu`] where the backend packs dense weights,
+    /// else as [`Linear::new`].
+    pub fn gate_up(w: impl Into<LinearWeight>, be: &Backend) -> Result<Self, EngineError> {
+        match w.into() {
+            LinearWeight::Dense(w) if be.packed => Ok(Self {
+                w: Weight::Packed(gemm::Packed::gated(&w)?),
+                bias: None,
+            }),
+            w => Self::new(w, None, be),
+        }
+    }
+
+    /// `silu(x G^T) * (x U^T)` [N, inter] in one pass when the weight was
+    /// packed for it by [`Linear::gate_up`] and gyre's fused CPU ops are on;
+    /// None otherwise (the caller runs `forward`, which gives [N, 2 * inter]
+    /// from any weight, and then the activation).
+    pub fn forward_silu(&self, x: &Tensor, be: &Backend) -> Result<Option<Tensor>, EngineError> {
+        match &self.w {
+            Weight::Packed(p)
+                if p.is_gated() && self.bias.is_none() && crate::fused::cpu_enabled() =>
+            {
+                Ok(Some(p.forward_silu(x, &be.pool)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn dense(w: Tensor, be: &Backend) -> Result<Weight, EngineError> {
         Ok(if be.packed {
             Weight::Packed(gemm::Packed::new(&w)?)

@@ -58,7 +58,7 @@ impl GatedMlp {
             &format!("{prefix}up_proj.weight"),
         ])?;
         Ok(Self {
-            gate_up: Linear::new(gate_up, None, be)?,
+            gate_up: Self::gate_up(gate_up, act, be)?,
             down: Linear::new(
                 w.take_linear(&format!("{prefix}down_proj.weight"))?,
                 None,
@@ -80,14 +80,30 @@ impl GatedMlp {
     ) -> Result<Self, EngineError> {
         let inter = gate_up.size()[0] / 2;
         Ok(Self {
-            gate_up: Linear::new(gate_up, None, be)?,
+            gate_up: Self::gate_up(gate_up, act, be)?,
             down: Linear::new(down, None, be)?,
             inter,
             act,
         })
     }
 
+    /// With SiLU, the stacked weight packed for the fused activation
+    /// where the backend packs (see [`Linear::gate_up`]).
+    fn gate_up(
+        w: impl Into<super::linear::LinearWeight>,
+        act: Act,
+        be: &Backend,
+    ) -> Result<Linear, EngineError> {
+        match act {
+            Act::Silu => Linear::gate_up(w, be),
+            Act::GeluTanh => Linear::new(w, None, be),
+        }
+    }
+
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
+        if let Some(a) = self.gate_up.forward_silu(x, be)? {
+            return self.down.forward(&a, be);
+        }
         let gu = self.gate_up.forward(x, be)?;
         if matches!(self.act, Act::Silu)
             && let Some(a) = crate::fused::silu_mul(&gu, self.inter)?
