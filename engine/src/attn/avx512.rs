@@ -36,6 +36,24 @@ pub(super) fn one_seq(
     true
 }
 
+/// Keys ahead of the one being read whose rows are prefetched: a
+/// sequence's rows of one head lie a pool row apart (every KV head's), a
+/// stride the hardware prefetcher followed too slowly.
+const AHEAD: usize = 8;
+
+/// Prefetches the `len` floats of `data` from `at` (a hint: nothing is
+/// read when they lie outside it).
+#[inline(always)]
+fn prefetch_row(data: &[f32], at: usize, len: usize) {
+    if at + len <= data.len() {
+        let p = data[at..].as_ptr().cast::<i8>();
+        for line in (0..len * 4).step_by(64) {
+            // SAFETY: a prefetch of memory inside `data` (checked above).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
+        }
+    }
+}
+
 /// One head's `V` vectors at `p`.
 #[inline(always)]
 fn load<const V: usize>(row: &[f32]) -> [__m512; V] {
@@ -63,6 +81,9 @@ fn body<const V: usize>(
     for g in 0..h.kv_heads {
         let qg = &qrow[g * group * hd..][..group * hd];
         for (j, &slot) in s.slots.iter().enumerate() {
+            if let Some(&ahead) = s.slots.get(j + AHEAD) {
+                prefetch_row(k, row_of(ahead, g), hd);
+            }
             let key = load::<V>(&k[row_of(slot, g)..][..hd]);
             for (i, qh) in qg.chunks_exact(hd).enumerate() {
                 let qv = load::<V>(qh);
@@ -106,6 +127,9 @@ fn weighted<const W: usize>(
     let mut a1 = [_mm512_setzero_ps(); W];
     let mut pairs = slots.chunks_exact(2);
     for (jj, pair) in pairs.by_ref().enumerate() {
+        for &ahead in slots.iter().skip(2 * jj + AHEAD).take(2) {
+            prefetch_row(v, at(ahead), 16 * W);
+        }
         let v0 = load::<W>(&v[at(pair[0])..][..16 * W]);
         let v1 = load::<W>(&v[at(pair[1])..][..16 * W]);
         let (p0, p1) = (_mm512_set1_ps(p[2 * jj]), _mm512_set1_ps(p[2 * jj + 1]));
