@@ -25,6 +25,8 @@ use crate::EngineError;
 
 pub(crate) use crate::workers::Workers;
 
+mod gated;
+
 /// Output columns per panel (two 16-float vectors).
 const NR: usize = 32;
 /// Rows per register tile.
@@ -75,36 +77,6 @@ impl Packed {
             k,
             data,
             gated: None,
-        })
-    }
-
-    /// Packs a stacked gate/up weight [2 * inter, k] (gate rows first) for
-    /// [`Packed::forward_silu`]: panel 2j holds gate columns j*NR.., panel
-    /// 2j + 1 the same up columns, so one task computes both tiles of a
-    /// column range and writes `silu(gate) * up`, in parallel, without the
-    /// [m, 2 * inter] product going through memory.
-    pub(crate) fn gated(w: &Tensor) -> Result<Self, EngineError> {
-        let (src, n, k) = weight_rows(w)?;
-        if n % 2 != 0 {
-            return Err(EngineError::Step(format!(
-                "a stacked gate/up weight needs an even row count, got {n}"
-            )));
-        }
-        let inter = n / 2;
-        let data = pack(
-            crate::attn::f32_view(&src)?,
-            k,
-            2 * inter.div_ceil(NR),
-            |p| {
-                let c0 = (p / 2) * NR;
-                ((p % 2) * inter + c0, NR.min(inter - c0))
-            },
-        );
-        Ok(Self {
-            n,
-            k,
-            data,
-            gated: Some(inter),
         })
     }
 
@@ -225,126 +197,6 @@ impl Packed {
             k0 = k1;
         }
     }
-
-    /// `silu(x G^T) * (x U^T)` for a weight packed by [`Packed::gated`]
-    /// and a float32 CPU `x` [m, k] -> [m, inter], split over `workers`.
-    /// Each element is what `forward` then the SiLU-and-multiply pass give
-    /// it, to the bit.
-    pub(crate) fn forward_silu(
-        &self,
-        x: &Tensor,
-        workers: &Workers,
-    ) -> Result<Tensor, EngineError> {
-        self.forward_pairs(x, workers, true)
-    }
-
-    /// A gated weight's product by column pairs: with `silu`, `silu(gate) *
-    /// up` [m, inter]; without, gate and up as `forward` gives them [m, 2 *
-    /// inter].
-    fn forward_pairs(
-        &self,
-        x: &Tensor,
-        workers: &Workers,
-        silu: bool,
-    ) -> Result<Tensor, EngineError> {
-        let Some(inter) = self.gated else {
-            return Err(EngineError::Step(
-                "forward_silu needs a gate/up weight packed for it".into(),
-            ));
-        };
-        let (x, m) = input_rows(x, self.k)?;
-        let xs = crate::attn::f32_view(&x)?;
-        let width = if silu { inter } else { 2 * inter };
-        crate::attn::f32_tensor_written(&[m as i64, width as i64], |out| {
-            let pairs = inter.div_ceil(NR);
-            let chunks = (workers.threads() * 4).clamp(1, pairs);
-            let mut per = pairs.div_ceil(chunks);
-            if m == 1 {
-                // Whole groups of panels for the one-row kernel.
-                per = per.next_multiple_of(PANELS1 / 2);
-            }
-            let out_ptr = SendPtr(out);
-            let out_ptr = &out_ptr;
-            workers.run(chunks, |c| {
-                let (j0, j1) = (c * per, ((c + 1) * per).min(pairs));
-                let mut j = j0;
-                while m == 1 && j + PANELS1 / 2 <= j1 {
-                    let k = self.k;
-                    let w = &self.data[2 * j * k * NR..(2 * j + PANELS1) * k * NR];
-                    let mut tile = [0f32; PANELS1 * NR];
-                    kernel_one_row(xs, k, w, &mut tile);
-                    for q in 0..PANELS1 / 2 {
-                        let (g, u) = tile[2 * q * NR..].split_at(NR);
-                        self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
-                    }
-                    j += PANELS1 / 2;
-                }
-                if j < j1 {
-                    let mut gate = [0f32; SG * NR];
-                    let mut up = [0f32; SG * NR];
-                    for j in j..j1 {
-                        let mut r0 = 0;
-                        while r0 < m {
-                            let rows = SG.min(m - r0);
-                            self.panel_rows(xs, r0, rows, 2 * j, &mut gate);
-                            self.panel_rows(xs, r0, rows, 2 * j + 1, &mut up);
-                            for i in 0..rows {
-                                let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
-                                self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
-                            }
-                            r0 += rows;
-                        }
-                    }
-                }
-            });
-        })
-    }
-
-    /// Row `r`, columns `j*NR ..` of a gated output from the tiles' columns
-    /// that exist: with `silu`, `silu(g) * u` into [.., inter]; without, `g`
-    /// and `u` into their columns of [.., 2 * inter].
-    #[allow(clippy::too_many_arguments)]
-    fn write_pair(
-        &self,
-        out: *mut f32,
-        inter: usize,
-        silu: bool,
-        r: usize,
-        j: usize,
-        g: &[f32],
-        u: &[f32],
-    ) {
-        let cols = NR.min(inter - j * NR);
-        let width = if silu { inter } else { 2 * inter };
-        #[allow(unsafe_code)]
-        // SAFETY: `out` points at m * width floats with r < m; this task
-        // alone writes columns j*NR .. j*NR + cols (<= inter) of row r, and
-        // without `silu` the same columns + inter (tasks own disjoint
-        // column pairs).
-        let at = |c0: usize| unsafe {
-            std::slice::from_raw_parts_mut(out.add(r * width + c0 + j * NR), cols)
-        };
-        if silu {
-            silu_into(&g[..cols], &u[..cols], at(0));
-        } else {
-            at(0).copy_from_slice(&g[..cols]);
-            at(inter).copy_from_slice(&u[..cols]);
-        }
-    }
-}
-
-/// [`crate::fused::silu_mul_slice`] with AVX-512 where the CPU has it.
-fn silu_into(g: &[f32], u: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if available_cached() {
-        #[allow(unsafe_code)]
-        // SAFETY: the CPU has AVX-512F (checked).
-        unsafe {
-            avx512::silu(g, u, out)
-        };
-        return;
-    }
-    crate::fused::silu_mul_slice(g, u, out);
 }
 
 /// A float32 weight [n, k] made contiguous on the CPU, with n and k.
@@ -542,12 +394,6 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{KC, NR, PANELS1};
-
-    /// [`crate::fused::silu_mul_slice`] compiled for AVX-512 (vectorised).
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn silu(g: &[f32], u: &[f32], out: &mut [f32]) {
-        crate::fused::silu_mul_slice(g, u, out);
-    }
 
     /// One row over `PANELS1` panels: 2 * PANELS1 accumulators, each
     /// summing one block of `KC` values of k in order, the blocks' sums
