@@ -52,11 +52,11 @@ impl Worker {
         &self,
         hidden: &Tensor,
         rows: &[i64],
-    ) -> Result<(Vec<f32>, usize), EngineError> {
+    ) -> Result<(HostRows, usize), EngineError> {
         let logits = self.device_logits(hidden, rows)?;
         let vocab = logits.size()[1] as usize;
         let flat = self.host_rows(&logits, rows, rows.len())?;
-        Ok((flat.as_slice().to_vec(), vocab))
+        Ok((flat, vocab))
     }
 
     /// Log-probabilities of prompt tokens computed this step (see
@@ -70,6 +70,7 @@ impl Worker {
         for part in rows.chunks(PROMPT_LP_ROWS) {
             let idx: Vec<i64> = part.iter().map(|r| r.1).collect();
             let (flat, vocab) = self.logits_rows(hidden, &idx)?;
+            let flat = flat.as_slice();
             for (i, &(id, _, target)) in part.iter().enumerate() {
                 let Some(g) = self.gens.get(&id) else {
                     continue;

@@ -411,29 +411,55 @@ fn override_sizes(sizes: &mut Sizes, args: &RunArgs) {
     }
 }
 
+/// The shape of a Llama-family model, read from its `config.json`.
+struct Shape {
+    config: Value,
+    hidden: u64,
+    inter: u64,
+    layers: u64,
+    vocab: u64,
+    /// Query and key/value widths (heads x head dim).
+    q: u64,
+    kv: u64,
+}
+
+impl Shape {
+    fn read(dir: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+        let config: Value = serde_json::from_str(&text).ok()?;
+        let get = |k: &str| config.get(k).and_then(Value::as_u64);
+        let hidden = get("hidden_size")?;
+        let heads = get("num_attention_heads")?;
+        let hd = get("head_dim").unwrap_or(hidden / heads.max(1));
+        Some(Self {
+            hidden,
+            inter: get("intermediate_size")?,
+            layers: get("num_hidden_layers")?,
+            vocab: get("vocab_size")?,
+            q: heads * hd,
+            kv: get("num_key_value_heads").unwrap_or(heads) * hd,
+            config,
+        })
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.config.get(key).and_then(Value::as_bool) == Some(true)
+    }
+}
+
 /// Parameters of a Llama-family model from its config.json (untied or tied
 /// embeddings, GQA), without loading weights.
 pub fn param_count(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let c: Value = serde_json::from_str(&text).ok()?;
-    let get = |k: &str| c.get(k).and_then(Value::as_u64);
-    let (h, i, n, v) = (
-        get("hidden_size")?,
-        get("intermediate_size")?,
-        get("num_hidden_layers")?,
-        get("vocab_size")?,
-    );
-    let heads = get("num_attention_heads")?;
-    let hd = get("head_dim").unwrap_or(h / heads.max(1));
-    let (q, kv) = (heads * hd, get("num_key_value_heads").unwrap_or(heads) * hd);
-    let bias = if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+    let s = Shape::read(dir)?;
+    let (h, q, kv) = (s.hidden, s.q, s.kv);
+    let bias = if s.flag("attention_bias") {
         q + 2 * kv
     } else {
         0
     };
-    let layer = 2 * h * q + 2 * h * kv + bias + 3 * h * i + 2 * h;
-    let tied = c.get("tie_word_embeddings").and_then(Value::as_bool) == Some(true);
-    Some(if tied { 1 } else { 2 } * v * h + n * layer + h)
+    let layer = 2 * h * q + 2 * h * kv + bias + 3 * h * s.inter + 2 * h;
+    let tied = s.flag("tie_word_embeddings");
+    Some(if tied { 1 } else { 2 } * s.vocab * h + s.layers * layer + h)
 }
 
 /// The parameters of the matrices one token's forward pass multiplies, from
@@ -441,34 +467,16 @@ pub fn param_count(dir: &Path) -> Option<u64> {
 /// (the embedding lookup multiplies nothing; norms and biases are not
 /// matrices). For the FLOP/s of S2 (2 per parameter per token).
 pub fn matmul_params(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let c: Value = serde_json::from_str(&text).ok()?;
-    let get = |k: &str| c.get(k).and_then(Value::as_u64);
-    let (h, i, n, v) = (
-        get("hidden_size")?,
-        get("intermediate_size")?,
-        get("num_hidden_layers")?,
-        get("vocab_size")?,
-    );
-    let heads = get("num_attention_heads")?;
-    let hd = get("head_dim").unwrap_or(h / heads.max(1));
-    let (q, kv) = (heads * hd, get("num_key_value_heads").unwrap_or(heads) * hd);
-    Some(n * (2 * h * q + 2 * h * kv + 3 * h * i) + v * h)
+    let s = Shape::read(dir)?;
+    let h = s.hidden;
+    Some(s.layers * (2 * h * s.q + 2 * h * s.kv + 3 * h * s.inter) + s.vocab * h)
 }
 
 /// Floats of KV cache one token keeps over all layers (keys and values),
 /// from a Llama-style `config.json`.
 pub fn kv_floats_per_token(dir: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let c: Value = serde_json::from_str(&text).ok()?;
-    let get = |k: &str| c.get(k).and_then(Value::as_u64);
-    let (h, n, heads) = (
-        get("hidden_size")?,
-        get("num_hidden_layers")?,
-        get("num_attention_heads")?,
-    );
-    let hd = get("head_dim").unwrap_or(h / heads.max(1));
-    Some(n * 2 * get("num_key_value_heads").unwrap_or(heads) * hd)
+    let s = Shape::read(dir)?;
+    Some(s.layers * 2 * s.kv)
 }
 
 #[cfg(test)]
