@@ -10,12 +10,13 @@
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::{DecodeSeq, Heads, softmax_rows};
 
-/// Runs the sequence's attention when its head dim is one of the sizes
-/// above, and says whether it did. The caller checked the CPU for
-/// AVX-512F.
+/// Runs the sequence's attention for the query heads of KV heads `gs`
+/// (`out`: theirs alone) when its head dim is one of the sizes above, and
+/// says whether it did. The caller checked the CPU for AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub(super) fn one_seq(
     q: &[f32],
@@ -23,14 +24,15 @@ pub(super) fn one_seq(
     v: &[f32],
     s: &DecodeSeq<'_>,
     h: Heads,
+    gs: Range<usize>,
     out: &mut [f32],
 ) -> bool {
     match h.head_dim {
-        16 => body::<1>(q, k, v, s, h, out),
-        32 => body::<2>(q, k, v, s, h, out),
-        64 => body::<4>(q, k, v, s, h, out),
-        128 => body::<8>(q, k, v, s, h, out),
-        256 => body::<16>(q, k, v, s, h, out),
+        16 => body::<1>(q, k, v, s, h, gs, out),
+        32 => body::<2>(q, k, v, s, h, gs, out),
+        64 => body::<4>(q, k, v, s, h, gs, out),
+        128 => body::<8>(q, k, v, s, h, gs, out),
+        256 => body::<16>(q, k, v, s, h, gs, out),
         _ => return false,
     }
     true
@@ -70,6 +72,7 @@ fn body<const V: usize>(
     v: &[f32],
     s: &DecodeSeq<'_>,
     h: Heads,
+    gs: Range<usize>,
     out: &mut [f32],
 ) {
     let hd = 16 * V;
@@ -78,7 +81,7 @@ fn body<const V: usize>(
     let mut scores = vec![0f32; group * t];
     let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
     let row_of = |slot: i64, g: usize| (slot as usize * h.kv_heads + g) * hd;
-    for g in 0..h.kv_heads {
+    for g in gs.clone() {
         let qg = &qrow[g * group * hd..][..group * hd];
         for (j, &slot) in s.slots.iter().enumerate() {
             if let Some(&ahead) = s.slots.get(j + AHEAD) {
@@ -95,7 +98,7 @@ fn body<const V: usize>(
             }
         }
         softmax_rows(&mut scores, t, h.softcap);
-        let og = &mut out[g * group * hd..][..group * hd];
+        let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
             let p = &scores[i * t..][..t];
             if V <= 8 {

@@ -10,6 +10,8 @@
 //! values. Each sequence's result depends only on its own query and cache,
 //! never on what it is batched with.
 
+use std::ops::Range;
+
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
@@ -127,10 +129,45 @@ pub(crate) fn decode_into(
         seqs.len() * per_seq,
         "decode attention: output size"
     );
-    // Split the sequences across threads by the number of keys they read,
-    // but only when there is enough work to pay for the hand-off.
     let keys: usize = seqs.iter().map(|s| s.slots.len()).sum();
     let threads = workers.map_or(1, |w| w.threads());
+    if let Some(w) = workers
+        && threads > 1
+        && seqs.len() < 2 * threads
+        && h.kv_heads > 1
+        && keys * h.kv_heads * h.head_dim >= 1 << 13
+    {
+        // Too few sequences to share out (a batch-1 decode): each one's
+        // KV heads in runs, a part per run, so that the threads read the
+        // keys together (one thread alone is bound by the latency of its
+        // misses, well short of the memory bandwidth).
+        let runs = (2 * threads).div_ceil(seqs.len()).min(h.kv_heads);
+        let step = h.kv_heads.div_ceil(runs);
+        let units: Vec<(usize, usize)> = (0..seqs.len())
+            .flat_map(|i| (0..h.kv_heads).step_by(step).map(move |g| (i, g)))
+            .collect();
+        let group_len = h.heads / h.kv_heads * h.head_dim;
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let out_ptr = &out_ptr;
+        w.run(units.len(), |u| {
+            let (i, g0) = units[u];
+            let g1 = (g0 + step).min(h.kv_heads);
+            #[allow(unsafe_code)]
+            // SAFETY: `out` holds seqs.len() * per_seq floats and outlives
+            // `run`; the query heads of KV heads g0..g1 of sequence i are
+            // written by this unit alone.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(
+                    out_ptr.0.add(i * per_seq + g0 * group_len),
+                    (g1 - g0) * group_len,
+                )
+            };
+            one_seq(q, k, v, &seqs[i], h, g0..g1, o);
+        });
+        return;
+    }
+    // Split the sequences across threads by the number of keys they read,
+    // but only when there is enough work to pay for the hand-off.
     let parts_wanted = if keys * h.kv_heads * h.head_dim < (1 << 16) {
         1
     } else {
@@ -140,7 +177,7 @@ pub(crate) fn decode_into(
         Some(w) if parts_wanted > 1 => w,
         _ => {
             for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
-                one_seq(q, k, v, s, h, o);
+                one_seq(q, k, v, s, h, 0..h.kv_heads, o);
             }
             return;
         }
@@ -168,7 +205,7 @@ pub(crate) fn decode_into(
             // `run`; each sequence's range is written by the one part that
             // holds it.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * per_seq), per_seq) };
-            one_seq(q, k, v, s, h, o);
+            one_seq(q, k, v, s, h, 0..h.kv_heads, o);
         }
     });
 }
@@ -180,32 +217,50 @@ struct OutPtr(*mut f32);
 #[allow(unsafe_code)]
 unsafe impl Sync for OutPtr {}
 
-/// One sequence's attention, compiled for AVX2 + FMA when the CPU has them
-/// (the choice is per machine, so results never depend on the batch).
-fn one_seq(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+/// One sequence's attention for the query heads of KV heads `gs` (`out`:
+/// theirs alone), compiled for AVX2 + FMA when the CPU has them (the choice
+/// is per machine, and each head is computed alike whatever the range, so
+/// results never depend on the batch).
+fn one_seq(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    gs: Range<usize>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if *HAS_AVX512 {
         #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX-512F (checked at run time).
-        if unsafe { avx512::one_seq(q, k, v, s, h, out) } {
+        if unsafe { avx512::one_seq(q, k, v, s, h, gs.clone(), out) } {
             return;
         }
     }
-    one_seq_portable(q, k, v, s, h, out);
+    one_seq_portable(q, k, v, s, h, gs, out);
 }
 
 /// [`one_seq`] without the AVX-512 kernel: any head dim.
-fn one_seq_portable(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+fn one_seq_portable(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    gs: Range<usize>,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if *HAS_AVX2_FMA {
         #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
         unsafe {
-            one_seq_avx2(q, k, v, s, h, out)
+            one_seq_avx2(q, k, v, s, h, gs, out)
         };
         return;
     }
-    one_seq_body(q, k, v, s, h, out);
+    one_seq_body(q, k, v, s, h, gs, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -219,19 +274,35 @@ static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn one_seq_avx2(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
-    one_seq_body(q, k, v, s, h, out);
+fn one_seq_avx2(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    gs: Range<usize>,
+    out: &mut [f32],
+) {
+    one_seq_body(q, k, v, s, h, gs, out);
 }
 
 #[inline(always)]
-fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+fn one_seq_body(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &DecodeSeq<'_>,
+    h: Heads,
+    gs: Range<usize>,
+    out: &mut [f32],
+) {
     let hd = h.head_dim;
     let group = h.heads / h.kv_heads;
     let scale = h.scale;
     let t = s.slots.len();
     let mut scores = vec![0f32; group * t];
     let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
-    for g in 0..h.kv_heads {
+    for g in gs.clone() {
         let qg = &qrow[g * group * hd..][..group * hd];
         for (j, &slot) in s.slots.iter().enumerate() {
             let key = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
@@ -240,7 +311,7 @@ fn one_seq_body(q: &[f32], k: &[f32], v: &[f32], s: &DecodeSeq<'_>, h: Heads, ou
             }
         }
         softmax_rows(&mut scores, t, h.softcap);
-        let og = &mut out[g * group * hd..][..group * hd];
+        let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         og.fill(0.0);
         for (j, &slot) in s.slots.iter().enumerate() {
             let val = &v[(slot as usize * h.kv_heads + g) * hd..][..hd];
@@ -400,7 +471,8 @@ mod tests {
     }
 
     /// Split over the workers (enough keys to split), every sequence's
-    /// result is the one it gets alone on the calling thread, bit for bit.
+    /// result is the one it gets alone on the calling thread, bit for bit:
+    /// by sequences, and (one or two sequences) by runs of KV heads.
     #[test]
     fn split_over_workers_changes_nothing() {
         tch::manual_seed(5);
@@ -428,10 +500,13 @@ mod tests {
             f32_view(&k).expect("k"),
             f32_view(&v).expect("v"),
         );
-        let alone = decode(qs, ks, vs, &seqs, h, None);
-        for threads in [2, 3] {
-            let workers = crate::workers::Workers::new(threads).expect("workers");
-            assert_eq!(decode(qs, ks, vs, &seqs, h, Some(&workers)), alone);
+        for n in [1, 2, 7] {
+            let seqs = &seqs[7 - n..];
+            let alone = decode(qs, ks, vs, seqs, h, None);
+            for threads in [2, 3] {
+                let workers = crate::workers::Workers::new(threads).expect("workers");
+                assert_eq!(decode(qs, ks, vs, seqs, h, Some(&workers)), alone);
+            }
         }
     }
 
@@ -537,8 +612,8 @@ mod tests {
                 );
                 let mut fast = vec![0f32; (nh * hd) as usize];
                 let mut portable = fast.clone();
-                one_seq(qs, ks, vs, &s, h, &mut fast);
-                one_seq_portable(qs, ks, vs, &s, h, &mut portable);
+                one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut fast);
+                one_seq_portable(qs, ks, vs, &s, h, 0..h.kv_heads, &mut portable);
                 for (name, got) in [("dispatched", &fast), ("portable", &portable)] {
                     let diff = got
                         .iter()

@@ -27,39 +27,88 @@ pub(crate) fn add_rms_norm(
     if ws.len() != hidden || ds.is_some_and(|d| d.len() != xs.len()) {
         return Err(EngineError::Step("rms_norm: shapes do not agree".into()));
     }
-    let mut sum = ds.map(|_| vec![0f32; xs.len()]);
-    let mut h = vec![0f32; xs.len()];
+    let shape = x.size();
+    let opts = (tch::Kind::Float, tch::Device::Cpu);
+    let h = Tensor::f_empty(shape.as_slice(), opts)?;
+    let sum = match ds {
+        Some(_) => Some(Tensor::f_empty(shape.as_slice(), opts)?),
+        None => None,
+    };
+    if !xs.is_empty() {
+        #[allow(unsafe_code)]
+        // SAFETY: `h` and `sum` are fresh contiguous float32 CPU tensors of
+        // x's shape (xs.len() > 0 elements), referenced nowhere else until
+        // returned; `norm_rows` writes every element of both.
+        let (hs, ss) = unsafe {
+            let out =
+                |t: &Tensor| std::slice::from_raw_parts_mut(t.data_ptr().cast::<f32>(), xs.len());
+            (out(&h), sum.as_ref().map(out))
+        };
+        let args = NormArgs {
+            xs,
+            ds,
+            ws,
+            eps: eps as f32,
+            hidden,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if *HAS_AVX512 {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX-512F (checked at run time).
+            unsafe {
+                norm_rows_avx512(&args, rows, hs, ss)
+            };
+            return Ok((sum.unwrap_or_else(|| x.shallow_clone()), h));
+        }
+        norm_rows(&args, rows, hs, ss);
+    }
+    Ok((sum.unwrap_or_else(|| x.shallow_clone()), h))
+}
+
+struct NormArgs<'a> {
+    xs: &'a [f32],
+    ds: Option<&'a [f32]>,
+    ws: &'a [f32],
+    eps: f32,
+    hidden: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn norm_rows_avx512(a: &NormArgs<'_>, rows: usize, h: &mut [f32], sum: Option<&mut [f32]>) {
+    norm_rows(a, rows, h, sum);
+}
+
+/// Each row: `sum = x + delta` (when there is a delta), then `h = w * (row
+/// * inv)` with `inv = 1 / sqrt(mean of the row's squares + eps)`.
+#[inline(always)]
+fn norm_rows(a: &NormArgs<'_>, rows: usize, h: &mut [f32], mut sum: Option<&mut [f32]>) {
+    let hidden = a.hidden;
     for r in 0..rows {
         let span = r * hidden..(r + 1) * hidden;
-        let row: &[f32] = match (&mut sum, ds) {
+        let row: &[f32] = match (&mut sum, a.ds) {
             (Some(out), Some(d)) => {
                 let o = &mut out[span.clone()];
-                for ((o, a), b) in o.iter_mut().zip(&xs[span.clone()]).zip(&d[span.clone()]) {
-                    *o = a + b;
+                for ((o, x), y) in o.iter_mut().zip(&a.xs[span.clone()]).zip(&d[span.clone()]) {
+                    *o = x + y;
                 }
                 o
             }
-            _ => &xs[span.clone()],
+            _ => &a.xs[span.clone()],
         };
         let ss = sum_squares(row);
         let var = (ss / hidden as f64) as f32;
-        let inv = 1.0 / (var + eps as f32).sqrt();
-        for ((o, &v), &wi) in h[span].iter_mut().zip(row).zip(ws) {
+        let inv = 1.0 / (var + a.eps).sqrt();
+        for ((o, &v), &wi) in h[span].iter_mut().zip(row).zip(a.ws) {
             *o = wi * (v * inv);
         }
     }
-    let shape = x.size();
-    let h = Tensor::from_slice(&h).f_view(shape.as_slice())?;
-    let x_out = match sum {
-        Some(s) => Tensor::from_slice(&s).f_view(shape.as_slice())?,
-        None => x.shallow_clone(),
-    };
-    Ok((x_out, h))
 }
 
 /// The sum of `row`'s squares (each squared in float32) in float64, over
 /// eight interleaved partial sums (so the loop vectorises), added in a
 /// fixed order.
+#[inline(always)]
 fn sum_squares(row: &[f32]) -> f64 {
     let mut acc = [0f64; 8];
     let chunks = row.chunks_exact(8);
@@ -103,54 +152,88 @@ pub(crate) fn rope_kv(
         return Err(EngineError::Step("rope_kv: shapes do not agree".into()));
     }
     let (kp, vp) = (pool_ptr(k_cache)?, pool_ptr(v_cache)?);
-    let half = d / 2;
-    let q_out = Tensor::f_zeros(
-        [n as i64, heads, head_dim],
-        (tch::Kind::Float, tch::Device::Cpu),
-    )?;
-    let qp = pool_ptr(&q_out)?;
-    let mut rotated = vec![0f32; d];
-    for t in 0..n {
+    let token = |t: usize, qp: *mut f32| {
         let row = &a[t * width..(t + 1) * width];
         let (ct, st) = (&c[t * d..(t + 1) * d], &s[t * d..(t + 1) * d]);
         let base = slots[t] as usize * kvh * d;
         for head in 0..h + 2 * kvh {
             let x = &row[head * d..(head + 1) * d];
-            let out: &[f32] = if head < h + kvh {
-                for i in 0..d {
-                    let partner = if i < half { x[i + half] } else { x[i - half] };
-                    rotated[i] = x[i] * ct[i] + partner * st[i];
-                }
-                &rotated
-            } else {
-                x
-            };
-            if head < h {
+            let dst = if head < h {
+                // SAFETY (this and the two below): `qp` is the data of the
+                // fresh contiguous float32 tensor [n, heads, head_dim]
+                // (t < n, head < h); `kp` and `vp` of contiguous float32 CPU
+                // tensors [pool_rows, kv_heads, head_dim] (checked), with
+                // slot < pool_rows and the head's kv < kv_heads; so the d
+                // floats lie inside. Each is borrowed for its head alone,
+                // one head at a time; the pool is reached through `&mut
+                // KvPool` by the caller, so nothing reads it meanwhile.
                 #[allow(unsafe_code)]
-                // SAFETY: `qp` is the data of the fresh contiguous float32
-                // tensor [n, heads, head_dim] made above; t < n, head < h.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(out.as_ptr(), qp.add((t * h + head) * d), d);
+                    qp.add((t * h + head) * d)
                 }
-                continue;
-            }
-            let (dst, kv) = if head < h + kvh {
-                (kp, head - h)
+            } else if head < h + kvh {
+                #[allow(unsafe_code)]
+                unsafe {
+                    kp.add(base + (head - h) * d)
+                }
             } else {
-                (vp, head - h - kvh)
+                #[allow(unsafe_code)]
+                unsafe {
+                    vp.add(base + (head - h - kvh) * d)
+                }
             };
             #[allow(unsafe_code)]
-            // SAFETY: `dst` is the data of a contiguous float32 CPU
-            // tensor [pool_rows, kv_heads, head_dim] (checked), slot <
-            // pool_rows and kv < kv_heads, so the d floats written lie
-            // inside it; the pool is reached through `&mut KvPool` by
-            // the caller, so nothing reads it meanwhile.
-            unsafe {
-                std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(base + kv * d), d);
+            // SAFETY: see above; `x` (the step's qkv) is not the pool or q.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst, d) };
+            if head < h + kvh {
+                rotate(x, ct, st, out);
+            } else {
+                out.copy_from_slice(x);
             }
         }
+    };
+    crate::attn::f32_tensor_written(&[n as i64, heads, head_dim], |qp| {
+        for t in 0..n {
+            token(t, qp);
+        }
+    })
+}
+
+/// One head rotated: `x * cos + rotate_half(x) * signed_sin`, each half in
+/// its own loop so that both vectorise (the same products and sum per
+/// element as the formula, so the same bits).
+fn rotate(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX512 {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F (checked at run time).
+        unsafe {
+            rotate_avx512(x, c, s, out)
+        };
+        return;
     }
-    Ok(q_out)
+    rotate_halves(x, c, s, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn rotate_avx512(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
+    rotate_halves(x, c, s, out);
+}
+
+#[inline(always)]
+fn rotate_halves(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
+    let half = x.len() / 2;
+    let (x1, x2) = x.split_at(half);
+    let (c1, c2) = c.split_at(half);
+    let (s1, s2) = s.split_at(half);
+    let (o1, o2) = out.split_at_mut(half);
+    for i in 0..half {
+        o1[i] = x1[i] * c1[i] + x2[i] * s1[i];
+    }
+    for i in 0..half {
+        o2[i] = x2[i] * c2[i] + x1[i] * s2[i];
+    }
 }
 
 fn pool_ptr(t: &Tensor) -> Result<*mut f32, EngineError> {
