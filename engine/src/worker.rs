@@ -233,7 +233,7 @@ impl Worker {
     fn run(mut self) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
-                self.publish(0);
+                self.publish(Some(0));
                 match self.rx.blocking_recv() {
                     Some(cmd) => self.accept(cmd),
                     None => return,
@@ -269,6 +269,11 @@ impl Worker {
                 continue;
             }
             let step_tokens: usize = plan.runs.iter().map(|r| r.1).sum();
+            if self.starting() {
+                // Counted as running before their first token goes out, so
+                // a client that has a token never reads stats without it.
+                self.publish(None);
+            }
             if let Err(e) = self.execute(&plan.copies, &plan.runs) {
                 tracing::error!(error = %e, "engine step failed");
                 for mut s in std::mem::take(&mut self.running) {
@@ -276,7 +281,7 @@ impl Worker {
                     self.fail(s.id, EngineError::Step(e.to_string()));
                 }
             }
-            self.publish(step_tokens);
+            self.publish(Some(step_tokens));
         }
     }
 
@@ -705,7 +710,21 @@ impl Worker {
         Ok(())
     }
 
-    fn publish(&mut self, step_tokens: usize) {
+    /// Whether a running request has not been counted as started yet.
+    fn starting(&self) -> bool {
+        self.running.iter().any(|s| {
+            self.gens.get(&s.id).is_some_and(|g| g.queued)
+                || self
+                    .beam_of
+                    .get(&s.id)
+                    .and_then(|g| self.groups.get(g))
+                    .is_some_and(|g| g.queued)
+        })
+    }
+
+    /// Publishes the engine's stats; `step_tokens`: the step just run
+    /// (None before a step, leaving the last step's figures as they are).
+    fn publish(&mut self, step_tokens: Option<usize>) {
         // Requests that started this step stop counting as waiting (after
         // the running count that now includes them is published).
         let mut started = 0;
@@ -741,9 +760,11 @@ impl Worker {
             st.draft_kv_blocks_used = d.blocks_used();
             st.draft_forwards_total = d.forwards;
         }
-        st.last_step_tokens = step_tokens as u32;
-        if step_tokens > 0 {
-            st.steps_total += 1;
+        if let Some(n) = step_tokens {
+            st.last_step_tokens = n as u32;
+            if n > 0 {
+                st.steps_total += 1;
+            }
         }
         let _ = self.stats_tx.send(st.clone());
     }
