@@ -54,17 +54,12 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
-/// Not turned off by `GYRE_FUSED_KERNELS=0` or [`set_enabled`].
-fn enabled() -> bool {
+/// Not turned off by `GYRE_FUSED_KERNELS=0` or [`set_enabled`] (also
+/// asked by the packed gate/up product's fused SiLU, `crate::gemm`).
+pub(crate) fn enabled() -> bool {
     static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     ENABLED.load(Ordering::Relaxed)
         && !*ENV_OFF.get_or_init(|| std::env::var("GYRE_FUSED_KERNELS").is_ok_and(|v| v == "0"))
-}
-
-/// Whether gyre's own CPU ops are on (not turned off as [`enabled`] says):
-/// the packed gate/up product's fused SiLU (`crate::gemm`) asks.
-pub(crate) fn cpu_enabled() -> bool {
-    enabled()
 }
 
 /// Whether [`cpu`]'s ops can take `t`: enabled, a contiguous float32 CPU

@@ -269,11 +269,10 @@ impl Worker {
                 continue;
             }
             let step_tokens: usize = plan.runs.iter().map(|r| r.1).sum();
-            if self.starting() {
-                // Counted as running before their first token goes out, so
-                // a client that has a token never reads stats without it.
-                self.publish(None);
-            }
+            // Requests starting now count as running before their first
+            // token goes out, so a client holding a token never reads stats
+            // without its request.
+            self.publish(None);
             if let Err(e) = self.execute(&plan.copies, &plan.runs) {
                 tracing::error!(error = %e, "engine step failed");
                 for mut s in std::mem::take(&mut self.running) {
@@ -710,20 +709,9 @@ impl Worker {
         Ok(())
     }
 
-    /// Whether a running request has not been counted as started yet.
-    fn starting(&self) -> bool {
-        self.running.iter().any(|s| {
-            self.gens.get(&s.id).is_some_and(|g| g.queued)
-                || self
-                    .beam_of
-                    .get(&s.id)
-                    .and_then(|g| self.groups.get(g))
-                    .is_some_and(|g| g.queued)
-        })
-    }
-
-    /// Publishes the engine's stats; `step_tokens`: the step just run
-    /// (None before a step, leaving the last step's figures as they are).
+    /// Publishes the engine's stats; `step_tokens`: the step just run.
+    /// None: before a step, and only when requests start in it (the last
+    /// step's figures left as they are).
     fn publish(&mut self, step_tokens: Option<usize>) {
         // Requests that started this step stop counting as waiting (after
         // the running count that now includes them is published).
@@ -739,6 +727,9 @@ impl Worker {
                 g.queued = false;
                 started += 1;
             }
+        }
+        if step_tokens.is_none() && started == 0 {
+            return;
         }
         self.admission.set_running(self.running.len());
         self.admission.leave(started);

@@ -77,9 +77,7 @@ impl Linear {
     /// from any weight, and then the activation).
     pub fn forward_silu(&self, x: &Tensor, be: &Backend) -> Result<Option<Tensor>, EngineError> {
         match &self.w {
-            Weight::Packed(p)
-                if p.is_gated() && self.bias.is_none() && crate::fused::cpu_enabled() =>
-            {
+            Weight::Packed(p) if p.is_gated() && self.bias.is_none() && crate::fused::enabled() => {
                 Ok(Some(p.forward_silu(x, &be.pool)?))
             }
             _ => Ok(None),
