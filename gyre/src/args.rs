@@ -128,6 +128,14 @@ pub(crate) struct EngineArgs {
     /// machines, leaving a core to the server stack can help under load.
     #[arg(long, env = "GYRE_COMPUTE_THREADS")]
     pub(crate) compute_threads: Option<usize>,
+    /// Threads of the async runtime that serves gRPC and HTTP and streams
+    /// the tokens out. Default on the CPU: the cores the compute threads
+    /// leave, at least one (where every core computes, one thread wakes
+    /// fewer threads a token than one a core, and so takes less of the
+    /// cores from the compute threads); with CUDA, one per core.
+    /// `TOKIO_WORKER_THREADS` also sets it.
+    #[arg(long, env = "GYRE_SERVER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) server_threads: Option<u16>,
     /// Dequantize a GGUF's weights to f32 at load. By default its Q8_0,
     /// Q4_0 and Q4_1 matrices stay in their blocks on a CPU with AVX-512
     /// VNNI and are multiplied by quantized kernels (4.5-8.5 bits per weight

@@ -278,10 +278,41 @@ fn main() -> anyhow::Result<()> {
     bench_cmd::exec_if_first();
     #[cfg(unix)]
     passive_openmp();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(run())
+    let cli: Cli = config_file::parse(help_topics::apply(Cli::command()))?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = server_threads(&cli) {
+        runtime.worker_threads(n);
+    }
+    runtime.enable_all().build()?.block_on(run(cli))
+}
+
+/// Worker threads of the server's runtime, when not tokio's default (one a
+/// core, or `TOKIO_WORKER_THREADS`): `--server-threads`, else, for a model
+/// on the CPU, the cores its compute threads leave, at least one. On a
+/// 2-core machine, two runtime threads beside two compute threads cost a
+/// 16-stream decode about a third more CPU a token in the server (three
+/// times the futex and eventfd wakeups), taken from the compute threads.
+fn server_threads(cli: &Cli) -> Option<usize> {
+    let (Command::Serve { model, .. } | Command::Grpc { model, .. }) = &cli.command else {
+        return None;
+    };
+    if let Some(n) = model.engine.server_threads {
+        return Some(usize::from(n));
+    }
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+        return None;
+    }
+    let cpu = match model.device {
+        Device::Cpu => true,
+        Device::Auto => !gyre_engine::cuda_available(),
+        Device::Cuda => false,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpu.then(|| {
+        cores
+            .saturating_sub(model.engine.compute_threads.unwrap_or(cores))
+            .max(1)
+    })
 }
 
 /// Process settings that libraries read once, as they load (before `main`),
@@ -329,8 +360,7 @@ fn passive_openmp() {
     eprintln!("warning: could not re-execute with the process settings: {err}");
 }
 
-async fn run() -> anyhow::Result<()> {
-    let cli: Cli = config_file::parse(help_topics::apply(Cli::command()))?;
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let (model, grpc, http) = match cli.command {
         Command::Serve {
             model,
@@ -563,6 +593,44 @@ mod tests {
             unreachable!("serve")
         };
         model_specs(&model)
+    }
+
+    /// `server_threads` for `gyre ARGS`.
+    fn server_threads_of(args: &[&str]) -> Option<usize> {
+        let cli = Cli::try_parse_from(["gyre"].iter().chain(args)).expect("parses");
+        super::server_threads(&cli)
+    }
+
+    #[test]
+    fn the_server_runtime_gets_the_cores_the_compute_threads_leave() {
+        if std::env::var_os("TOKIO_WORKER_THREADS").is_some() {
+            // It overrides the default being tested; the explicit flag still wins.
+            assert_eq!(
+                server_threads_of(&["serve", "--server-threads", "3"]),
+                Some(3)
+            );
+            return;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(server_threads_of(&["serve", "--device", "cpu"]), Some(1));
+        assert_eq!(
+            server_threads_of(&["grpc", "--device", "cpu", "--compute-threads", "1"]),
+            Some(cores.saturating_sub(1).max(1))
+        );
+        assert_eq!(
+            server_threads_of(&["serve", "--device", "cpu", "--compute-threads", "64"]),
+            Some(1)
+        );
+        assert_eq!(server_threads_of(&["serve", "--device", "cuda"]), None);
+        assert_eq!(
+            server_threads_of(&["serve", "--device", "cuda", "--server-threads", "5"]),
+            Some(5)
+        );
+        assert_eq!(server_threads_of(&["models"]), None);
+        assert!(
+            Cli::try_parse_from(["gyre", "serve", "--server-threads", "0"]).is_err(),
+            "zero threads is refused"
+        );
     }
 
     #[test]
