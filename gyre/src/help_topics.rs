@@ -45,6 +45,7 @@ const TOPICS: &[(&str, &[&str])] = &[
             "max_batch_tokens",
             "max_queue",
             "compute_threads",
+            "server_threads",
             "dequantize",
             "quant_activations",
             "embed_batch_tokens",
