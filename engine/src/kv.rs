@@ -12,11 +12,40 @@ use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
 use crate::blocks::BlockId;
+use crate::pages::Pages;
+
+/// A zeroed CPU tensor of `shape` over memory of its own, on huge pages
+/// where the system allows (see `crate::pages`): decode attention reads
+/// each sequence's blocks wherever they lie in the pool, and on 4 KiB
+/// pages nearly every block is a page-table walk. The tensor views the
+/// memory, which must outlive it.
+fn cpu_zeros(shape: [i64; 3], kind: Kind) -> Result<(Tensor, Pages<u8>), EngineError> {
+    let elems: i64 = shape.iter().product();
+    let bytes = usize::try_from(elems)
+        .ok()
+        .and_then(|n| n.checked_mul(kind.elt_size_in_bytes()))
+        .ok_or_else(|| EngineError::Step(format!("KV pool of {shape:?} is too large")))?;
+    let mut mem = Pages::<u8>::zeroed(bytes);
+    // Fault the whole pool in now, as libtorch's zeros did: faulting huge
+    // pages during decode steps (each zeroed on the spot) cost more than
+    // the huge pages saved.
+    mem.fill(0);
+    #[allow(unsafe_code)]
+    // SAFETY: `mem` holds `bytes` zeroed bytes (zero is 0.0 in every float
+    // kind), 64-byte aligned, exactly `shape` contiguous elements of
+    // `kind`; the pool keeps `mem` alive as long as the tensor (and the
+    // tensor is never resized: libtorch refuses to resize borrowed memory).
+    let t = unsafe { Tensor::f_from_blob(mem.as_ptr(), &shape, &[], kind, Device::Cpu)? };
+    Ok((t, mem))
+}
 
 pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     block_size: i64,
+    /// On the CPU, the memory `k` and `v` view (declared after them, so
+    /// dropped after them).
+    _memory: Vec<Pages<u8>>,
 }
 
 /// Bytes one block takes across all layers (keys and values).
@@ -41,19 +70,27 @@ impl KvPool {
         device: Device,
     ) -> Result<Self, EngineError> {
         let slots = num_blocks * block_size;
+        let shape = [slots, kv_heads, head_dim];
         let mut k = Vec::with_capacity(layers as usize);
         let mut v = Vec::with_capacity(layers as usize);
+        let mut memory = Vec::new();
         for _ in 0..layers {
-            k.push(Tensor::f_zeros(
-                [slots, kv_heads, head_dim],
-                (kind, device),
-            )?);
-            v.push(Tensor::f_zeros(
-                [slots, kv_heads, head_dim],
-                (kind, device),
-            )?);
+            for t in [&mut k, &mut v] {
+                if device == Device::Cpu {
+                    let (tensor, mem) = cpu_zeros(shape, kind)?;
+                    t.push(tensor);
+                    memory.push(mem);
+                } else {
+                    t.push(Tensor::f_zeros(shape, (kind, device))?);
+                }
+            }
         }
-        Ok(Self { k, v, block_size })
+        Ok(Self {
+            k,
+            v,
+            block_size,
+            _memory: memory,
+        })
     }
 
     pub fn block_size(&self) -> i64 {

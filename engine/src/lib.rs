@@ -30,6 +30,7 @@ mod graph;
 mod kv;
 mod layers;
 mod models;
+mod pages;
 pub mod progress;
 mod quant;
 mod sampler;
@@ -639,6 +640,7 @@ pub mod internals {
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};
     pub use crate::models::{KvShape, Model, load, load_with, supported};
+    pub use crate::pages::set_enabled as set_huge_pages;
     pub use crate::quant::{Kernel as QuantKernel, time_matmul as time_quant_matmul};
     use crate::{DeviceChoice, EngineError, worker};
 

@@ -22,6 +22,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+use crate::pages::Pages;
 
 pub(crate) use crate::workers::Workers;
 
@@ -58,7 +59,7 @@ pub(crate) fn available() -> bool {
 pub(crate) struct Packed {
     n: usize,
     k: usize,
-    data: Vec<f32>,
+    data: Pages<f32>,
     /// A stacked gate/up weight packed for [`Packed::forward_silu`]: the
     /// intermediate width, and panels alternating gate and up (see
     /// [`Packed::gated`]).
@@ -221,8 +222,8 @@ fn pack(
     k: usize,
     panels: usize,
     rows_of: impl Fn(usize) -> (usize, usize),
-) -> Vec<f32> {
-    let mut data = vec![0f32; panels * k * NR];
+) -> Pages<f32> {
+    let mut data = Pages::zeroed(panels * k * NR);
     for p in 0..panels {
         let dst = &mut data[p * k * NR..(p + 1) * k * NR];
         let (first, count) = rows_of(p);

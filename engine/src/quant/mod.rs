@@ -61,6 +61,7 @@ use tch::Tensor;
 
 use crate::EngineError;
 use crate::gguf::GgmlType;
+use crate::pages::Pages;
 
 /// Values per block.
 pub(crate) const QK: usize = 32;
@@ -263,7 +264,7 @@ pub(crate) struct QuantMatrix {
     fmt: Format,
     n: usize,
     k: usize,
-    data: Vec<u8>,
+    data: Pages<u8>,
 }
 
 impl QuantMatrix {
@@ -273,7 +274,7 @@ impl QuantMatrix {
         let groups = n.div_ceil(NG);
         let stride = fmt.stride();
         let qb = fmt.quant_bytes();
-        let mut data = vec![0u8; groups * blocks * stride];
+        let mut data = Pages::zeroed(groups * blocks * stride);
         for col in 0..n {
             let (g, c) = (col / NG, col % NG);
             for b in 0..blocks {
