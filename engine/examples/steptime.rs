@@ -12,8 +12,16 @@
 //! int8 ones; `WEIGHTS=q-int8` with int8 activations and no residual.
 //! `GYRE_PROFILE_GRAPHS=1` also logs each decode graph's device time per
 //! replay, back to back (see `engine/src/graph.rs`).
+//!
+//! `HUGE_PAGES_AB=1` compares weights and KV cache on huge pages or not
+//! (`engine/src/pages.rs`) side by side in one process: a second engine on
+//! the same model, loaded without huge pages (as `GYRE_HUGE_PAGES=0`),
+//! takes every other round, and the geometric mean of each engine's rounds
+//! after the first pair (a warm-up) is printed, so the machine's drift
+//! falls on both alike.
 use std::time::Instant;
 
+use gyre_engine::internals::set_huge_pages;
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling,
 };
@@ -45,7 +53,23 @@ fn main() {
         _ => {}
     }
     println!("libtorch threads on main: {}", tch::get_num_threads());
-    let e = Engine::start(o).expect("engine");
+    // The small-page engine, if any, loads first and runs second.
+    let small = std::env::var("HUGE_PAGES_AB")
+        .is_ok_and(|v| v == "1")
+        .then(|| {
+            set_huge_pages(false);
+            let small = Engine::start(o.clone()).expect("engine");
+            set_huge_pages(true);
+            small
+        });
+    let huge = Engine::start(o).expect("engine");
+    if small.is_some() {
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+        if let Some(l) = rollup.lines().find(|l| l.starts_with("AnonHugePages")) {
+            println!("{l}");
+        }
+    }
+    let mut logs = [0f64; 2];
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("rt");
@@ -54,6 +78,11 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
     for round in 0..rounds {
+        let (e, pages) = match &small {
+            Some(small) if round % 2 == 1 => (small, " (small pages)"),
+            Some(_) => (&huge, " (huge pages)"),
+            None => (&huge, ""),
+        };
         let prompt: Vec<u32> = (0..plen as u32)
             .map(|i| 100 + (i * 7919 + round) % 30000)
             .collect();
@@ -96,12 +125,23 @@ fn main() {
         });
         let total = t0.elapsed();
         let ttft = first.expect("a token");
+        let rate = n as f64 / total.as_secs_f64();
         println!(
-            "round {round}: {streams} streams: TTFT {:.1} ms for {plen} prompt tokens; then {:.1} tok/s ({} tokens in {:.2} s)",
+            "round {round}{pages}: {streams} streams: TTFT {:.1} ms for {plen} prompt tokens; then {rate:.1} tok/s ({} tokens in {:.2} s)",
             ttft.as_secs_f64() * 1e3,
-            n as f64 / total.as_secs_f64(),
             n,
             total.as_secs_f64()
+        );
+        if round >= 2 {
+            logs[(round % 2) as usize] += rate.ln();
+        }
+    }
+    if small.is_some() {
+        let pairs = f64::from(rounds.saturating_sub(2) / 2).max(1.0);
+        let (h, s) = ((logs[0] / pairs).exp(), (logs[1] / pairs).exp());
+        println!(
+            "geometric mean over {pairs} pairs: huge pages {h:.1} tok/s, small pages {s:.1} tok/s, ratio {:.3}",
+            h / s
         );
     }
 }
