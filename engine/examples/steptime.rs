@@ -69,7 +69,8 @@ fn main() {
             println!("{l}");
         }
     }
-    let mut logs = [0f64; 2];
+    // Per engine (huge, small): the sum of log rates and the rounds.
+    let mut logs = [(0f64, 0u32); 2];
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("rt");
@@ -133,14 +134,16 @@ fn main() {
             total.as_secs_f64()
         );
         if round >= 2 {
-            logs[(round % 2) as usize] += rate.ln();
+            let side = &mut logs[(round % 2) as usize];
+            side.0 += rate.ln();
+            side.1 += 1;
         }
     }
     if small.is_some() {
-        let pairs = f64::from(rounds.saturating_sub(2) / 2).max(1.0);
-        let (h, s) = ((logs[0] / pairs).exp(), (logs[1] / pairs).exp());
+        let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
+        let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(
-            "geometric mean over {pairs} pairs: huge pages {h:.1} tok/s, small pages {s:.1} tok/s, ratio {:.3}",
+            "geometric mean over rounds 2..{rounds}: huge pages {h:.1} tok/s, small pages {s:.1} tok/s, ratio {:.3}",
             h / s
         );
     }
