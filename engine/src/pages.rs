@@ -102,6 +102,24 @@ impl<T: Zeroable> Pages<T> {
     }
 }
 
+impl Pages<u8> {
+    /// Faults every page of a buffer not yet written in now (one zero
+    /// written a small page, where a zero already is), so that nothing
+    /// faults on a hot path later.
+    pub(crate) fn fault_in(&mut self) {
+        let p = self.ptr.as_ptr();
+        for at in (0..self.len).step_by(SMALL) {
+            #[allow(unsafe_code)]
+            // SAFETY: `at < len`, inside the buffer, which `&mut self` holds
+            // alone; volatile so that writing the zero already there is not
+            // elided.
+            unsafe {
+                p.add(at).write_volatile(0);
+            }
+        }
+    }
+}
+
 /// A fresh anonymous mapping of `bytes` (whole 4 KiB pages), 2 MiB
 /// aligned, its whole huge pages advised `MADV_HUGEPAGE` before anything
 /// touches them (so they fault in huge, and zeroed). The tail past the last
