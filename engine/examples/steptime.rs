@@ -3,6 +3,13 @@
 //!
 //!     cargo run --release -p gyre-engine --example steptime -- <model dir> [prompt_len] [new_tokens] [streams]
 //!
+//! The `gyre` binary runs with `OMP_WAIT_POLICY=PASSIVE` and glibc's
+//! `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`
+//! (see `gyre/src/main.rs`); set them here too for figures that match the
+//! server's (without them libtorch's idle OpenMP thread spins after each of
+//! its ops, on the core the compute threads need: the 16-stream bench
+//! model's prompts took 135-148 ms instead of 88-101 ms).
+//!
 //! `DEVICE=cuda` (or `auto`) runs it on the GPU; the default is the CPU.
 //! `TEMP=1` samples (temperature 1, top-p 0.9) instead of decoding greedily.
 //! `WEIGHTS=f32` dequantizes a GGUF's weights at load (the default keeps
@@ -53,6 +60,9 @@ fn main() {
         _ => {}
     }
     println!("libtorch threads on main: {}", tch::get_num_threads());
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        println!("note: OMP_WAIT_POLICY is unset; the gyre binary sets it to PASSIVE (see above)");
+    }
     // The small-page engine, if any, loads first and runs second.
     let small = std::env::var("HUGE_PAGES_AB")
         .is_ok_and(|v| v == "1")
