@@ -3,6 +3,12 @@
 //! of activation rows. Mean milliseconds per call and the FLOP/s reached.
 //!
 //!     cargo run --release -p gyre-engine --example f32mm -- [rows,..] [threads] [iters]
+//!
+//! For many rows, run it with the glibc settings the `gyre` binary runs
+//! with (`MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`,
+//! see `gyre/src/main.rs`): without them each call's output (100 MB for the
+//! head at 512 rows) is a fresh mapping whose pages fault in during the
+//! product, and 512 rows measured 290-330 GFLOP/s instead of 400-460.
 use gyre_engine::internals::time_f32_matmul;
 
 fn main() {
