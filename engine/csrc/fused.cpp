@@ -22,11 +22,14 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -48,6 +51,24 @@ __device__ __forceinline__ bf16 st(float f) {
 }
 
 __device__ __forceinline__ float rd(float f) { return ld(st(f)); }
+
+// Programmatic dependent launch (Hopper on): the launcher lets each kernel
+// start while the one before it in the stream is still running. A kernel
+// does only work that needs nothing the kernels before it write (a
+// projection's first weight loads) before dep_wait(), which returns once the
+// previous kernel has finished and its writes are visible; dep_launch()
+// then lets the next kernel start its blocks. Without the launch attribute,
+// or before sm_90, both are no-ops.
+__device__ __forceinline__ void dep_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dep_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 __device__ float block_sum(float v) {
   __shared__ float part[32];
@@ -71,6 +92,8 @@ __device__ float block_sum(float v) {
 // (new) residual, as transformers' LlamaRMSNorm.
 extern "C" __global__ void gyre_add_rms_norm(const bf16* x, const bf16* delta, const bf16* w,
                                              bf16* x_out, bf16* h, int hidden, float eps) {
+  dep_wait();
+  dep_launch();
   long base = (long)blockIdx.x * hidden;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -95,6 +118,8 @@ extern "C" __global__ void gyre_add_rms_norm(const bf16* x, const bf16* delta, c
 extern "C" __global__ void gyre_rope_kv(const bf16* qkv, const bf16* cos, const bf16* ssin,
                                         const long long* slots, bf16* q_out, bf16* k_cache,
                                         bf16* v_cache, int heads, int kv_heads, int head_dim) {
+  dep_wait();
+  dep_launch();
   int tok = blockIdx.x;
   int width = (heads + 2 * kv_heads) * head_dim;
   int half = head_dim / 2;
@@ -122,6 +147,8 @@ extern "C" __global__ void gyre_rope_kv(const bf16* qkv, const bf16* cos, const 
 // gu [n, 2 inter] (gate columns first) -> out [n, inter]:
 // bf16(bf16(silu(gate)) * up), as transformers' act_fn(gate) * up.
 extern "C" __global__ void gyre_silu_mul(const bf16* gu, bf16* out, long n, int inter) {
+  dep_wait();
+  dep_launch();
   long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n * inter) return;
   long r = i / inter;
@@ -166,26 +193,37 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <int M>
+// U: loads in flight per lane.
+template <int M, int U>
 __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                      const bf16* __restrict__ bias, bf16* __restrict__ y, int m,
                                      int n, int k) {
-  constexpr int U = 4;  // loads in flight per lane
   const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (row >= n) return;  // the whole warp
-  const U4* wr = reinterpret_cast<const U4*>(w + (long)row * k);
-  const U4* xr = reinterpret_cast<const U4*>(x);
   const int k8 = k >> 3;
+  const U4* wr = reinterpret_cast<const U4*>(w + (long)(row < n ? row : 0) * k);
+  const U4* xr = reinterpret_cast<const U4*>(x);
+  // The first weight loads need nothing the previous kernel writes: they
+  // are in flight while it finishes.
+  U4 wv[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int j = lane + u * 32;
+    wv[u] = row < n && j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+  }
+  dep_wait();
+  dep_launch();
+  if (row >= n) return;  // the whole warp
   float acc[M];
 #pragma unroll
   for (int b = 0; b < M; b++) acc[b] = 0.0f;
   for (int i = lane; i < k8; i += 32 * U) {
-    U4 wv[U];
+    if (i != lane) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      int j = i + u * 32;
-      wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+      for (int u = 0; u < U; u++) {
+        int j = i + u * 32;
+        wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -210,12 +248,20 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __r
 #define GYRE_GEMV(M)                                                                          \
   extern "C" __global__ void gyre_gemv##M(const bf16* x, const bf16* w, const bf16* bias,     \
                                           bf16* y, int m, int n, int k) {                     \
-    gemv<M>(x, w, bias, y, m, n, k);                                                          \
+    gemv<M, 4>(x, w, bias, y, m, n, k);                                                       \
   }
 GYRE_GEMV(1)
 GYRE_GEMV(2)
 GYRE_GEMV(4)
 GYRE_GEMV(8)
+extern "C" __global__ void gyre_gemv1_u8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                         int m, int n, int k) {
+  gemv<1, 8>(x, w, bias, y, m, n, k);
+}
+extern "C" __global__ void gyre_gemv1_u16(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                          int m, int n, int k) {
+  gemv<1, 16>(x, w, bias, y, m, n, k);
+}
 
 // ---- Decode attention over the paged pool, split over the keys (flash-
 // decoding). Every sequence has one query; its keys are the pool rows
@@ -268,6 +314,8 @@ __device__ __forceinline__ void attn_split(const bf16* __restrict__ q, const bf1
   constexpr int WD = E / 2;  // as 32-bit words
   __shared__ float sm_m[ATTN_WARPS][ATTN_MAXG], sm_l[ATTN_WARPS][ATTN_MAXG];
   __shared__ float sm_acc[ATTN_WARPS][ATTN_MAXG][D];
+  dep_wait();
+  dep_launch();
   const int splits = gridDim.x, s = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
   const int group = heads / kv_heads;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -371,6 +419,8 @@ __device__ __forceinline__ void attn_combine(const float* __restrict__ part,
                                              const int* __restrict__ cu_k,
                                              const int* __restrict__ used, bf16* __restrict__ out,
                                              int heads, int splits, int chunk) {
+  dep_wait();
+  dep_launch();
   const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int len = seq_len(cu_k, used, b);
   const int ns = min(splits, (len + chunk - 1) / chunk);
@@ -422,6 +472,32 @@ using FnModuleLoad = int (*)(CUmodule*, const void*);
 using FnGetFunction = int (*)(CUfunction*, CUmodule, const char*);
 using FnLaunch = int (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
+// cuLaunchKernelEx's configuration, laid out as the driver API's
+// CUlaunchConfig and CUlaunchAttribute (checked against cuda.h below).
+struct LaunchAttr {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    int value;
+  } v;
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  void* stream;
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(LaunchAttr) == sizeof(::CUlaunchAttribute) &&
+                  offsetof(LaunchAttr, v) == offsetof(::CUlaunchAttribute, value),
+              "LaunchAttr is not the driver's CUlaunchAttribute");
+static_assert(sizeof(LaunchConfig) == sizeof(::CUlaunchConfig) &&
+                  offsetof(LaunchConfig, stream) == offsetof(::CUlaunchConfig, hStream) &&
+                  offsetof(LaunchConfig, attrs) == offsetof(::CUlaunchConfig, attrs) &&
+                  offsetof(LaunchConfig, num_attrs) == offsetof(::CUlaunchConfig, numAttrs),
+              "LaunchConfig is not the driver's CUlaunchConfig");
+using FnLaunchEx = int (*)(const LaunchConfig*, CUfunction, void**, void**);
+constexpr int kAttrProgrammaticSerialization = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
 
 struct Nvrtc {
   FnCreate create = nullptr;
@@ -521,8 +597,12 @@ struct Kernels {
   bool ready = false;
   std::string why;
   FnLaunch launch = nullptr;
+  // Programmatic dependent launch: sm_90 and later, unless GYRE_PDL=0.
+  FnLaunchEx launch_ex = nullptr;
   CUfunction add_rms_norm = nullptr, rope_kv = nullptr, silu_mul = nullptr;
   CUfunction gemv[4] = {nullptr, nullptr, nullptr, nullptr};  // rows <= 1, 2, 4, 8
+  CUfunction gemv1_u8 = nullptr, gemv1_u16 = nullptr;
+  int gemv_unroll = 4;  // loads in flight per lane at one row (GYRE_GEMV_UNROLL)
   CUfunction attn_split64 = nullptr, attn_combine64 = nullptr;
   CUfunction attn_split128 = nullptr, attn_combine128 = nullptr;
   int sms = 0;
@@ -565,6 +645,13 @@ bool init_locked(Kernels& k, std::string& why) {
     why = "libcuda lacks an entry point";
     return false;
   }
+  if (const char* u = std::getenv("GYRE_GEMV_UNROLL")) {
+    int v = std::atoi(u);
+    if (v == 4 || v == 8 || v == 16) k.gemv_unroll = v;
+  }
+  const char* pdl = std::getenv("GYRE_PDL");
+  if (major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0))
+    k.launch_ex = reinterpret_cast<FnLaunchEx>(dlsym(cu, "cuLaunchKernelEx"));
   CUmodule m = nullptr;
   if (int rc = load(&m, cubin.data())) {
     why = "cuModuleLoadData failed: " + std::to_string(rc);
@@ -573,7 +660,8 @@ bool init_locked(Kernels& k, std::string& why) {
   if (get(&k.add_rms_norm, m, "gyre_add_rms_norm") || get(&k.rope_kv, m, "gyre_rope_kv") ||
       get(&k.silu_mul, m, "gyre_silu_mul") || get(&k.gemv[0], m, "gyre_gemv1") ||
       get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
-      get(&k.gemv[3], m, "gyre_gemv8") || get(&k.attn_split64, m, "gyre_attn_split64") ||
+      get(&k.gemv[3], m, "gyre_gemv8") || get(&k.gemv1_u8, m, "gyre_gemv1_u8") ||
+      get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.attn_split64, m, "gyre_attn_split64") ||
       get(&k.attn_combine64, m, "gyre_attn_combine64") ||
       get(&k.attn_split128, m, "gyre_attn_split128") ||
       get(&k.attn_combine128, m, "gyre_attn_combine128")) {
@@ -593,6 +681,17 @@ std::mutex& init_mutex() {
 
 bool launch(CUfunction f, dim3 grid, unsigned block, void** args, std::string& why) {
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (auto ex = kernels().launch_ex) {
+    LaunchAttr attr{};
+    attr.id = kAttrProgrammaticSerialization;
+    attr.v.value = 1;
+    LaunchConfig c{grid.x, grid.y, grid.z, block, 1, 1, 0, stream, &attr, 1};
+    if (int rc = ex(&c, f, args, nullptr)) {
+      why = "cuLaunchKernelEx failed: " + std::to_string(rc);
+      return false;
+    }
+    return true;
+  }
   if (int rc = kernels().launch(f, grid.x, grid.y, grid.z, block, 1, 1, 0, stream, args,
                                 nullptr)) {
     why = "cuLaunchKernel failed: " + std::to_string(rc);
@@ -775,7 +874,11 @@ int gyre_fused_gemv(const at::Tensor* x, const at::Tensor* w, const at::Tensor* 
   int which = m <= 1 ? 0 : (m <= 2 ? 1 : (m <= 4 ? 2 : 3));
   constexpr unsigned warps = 8;
   unsigned grid = static_cast<unsigned>((n + warps - 1) / warps);
-  if (!launch(kernels().gemv[which], grid, warps * 32, args, why)) {
+  auto& ks = kernels();
+  auto f = ks.gemv[which];
+  if (which == 0 && ks.gemv_unroll == 8) f = ks.gemv1_u8;
+  if (which == 0 && ks.gemv_unroll == 16) f = ks.gemv1_u16;
+  if (!launch(f, grid, warps * 32, args, why)) {
     put(err, err_len, why);
     return 1;
   }

@@ -25,6 +25,16 @@
 //! `GYRE_FUSED_KERNELS=0` turns all of them off (for comparisons); the
 //! callers then run their libtorch ops (cuBLAS, the gather and flash
 //! attention). `GYRE_GEMV=0` and `GYRE_DECODE_ATTN=0` turn off one kernel.
+//!
+//! On Hopper and later they are launched with programmatic dependent launch
+//! (`cuLaunchKernelEx`): each may start while the kernel before it in the
+//! stream finishes, doing only what needs none of that kernel's writes (a
+//! projection's first weight loads) before waiting for it, so a decode
+//! step's hundreds of small kernels do not each pay a launch and a drain.
+//! `GYRE_PDL=0` launches them plainly (for comparisons).
+//! `GYRE_GEMV_UNROLL=8` or `16` gives the one-row matrix-vector kernel that
+//! many weight loads in flight per lane instead of 4 (for comparisons: on
+//! an H200 both made the 8B shape's decode step slower).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
+# shapes, decode, decode-fused, pdl, unroll, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gyre-out}
@@ -143,6 +143,67 @@ step_decode_fused() {
     fi
     python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
   done 2>&1 | tee -a "$OUT/decode.txt"
+}
+
+step_pdl() {
+  # Programmatic dependent launch of gyre's kernels on (the default) and
+  # off (GYRE_PDL=0), alternating, CUDA graphs on: batch 1 and 8 streams on
+  # the 8B shape, batch 1 on the 1B, and a 2,000-token context on the 8B.
+  # Then greedy tokens and top-2 logprobs with it on and off (one prompt,
+  # so the matrix-vector kernel runs, and four), which must be identical:
+  # it moves no arithmetic.
+  pdl_runs 2>&1 | tee -a "$OUT/pdl.txt"
+}
+
+pdl_runs() {
+  local run
+  run() {
+    local m=$1 streams=$2 prompt=$3; shift 3
+    echo "== steptime $(basename "$m") streams=$streams prompt=$prompt $*"
+    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+      $B/examples/steptime "$m" "$prompt" 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+  }
+  local m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  for rep in 1 2; do
+    for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 1 128 $e; done
+  done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 8 128 $e; done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m1" 1 128 $e; done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 1 2000 $e; done
+  python3 tests/gpu/roofline.py "$m8" "$OUT/bandwidth.json" 256
+  python3 tests/gpu/roofline.py "$m1" "$OUT/bandwidth.json" 256
+  python3 -c 'import json,random; r=random.Random(7); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (37,)], open("/tmp/p1.json","w")); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (5,40,77,130)], open("/tmp/p4.json","w"))'
+  for p in p1 p4; do
+    for e in 0 1; do
+      GYRE_PDL=$e timeout 120 $B/examples/greedy "$m1" /tmp/$p.json 64 cuda > /tmp/greedy-$p-$e.json 2>/tmp/greedy-$p-$e.log || tail -3 /tmp/greedy-$p-$e.log
+    done
+    if cmp -s /tmp/greedy-$p-0.json /tmp/greedy-$p-1.json && [ -s /tmp/greedy-$p-1.json ]; then
+      echo "greedy $p: PDL on and off identical ($(wc -c < /tmp/greedy-$p-1.json) bytes)"
+    else
+      echo "greedy $p: PDL on and off DIFFER"; head -c 600 /tmp/greedy-$p-0.json; echo; head -c 600 /tmp/greedy-$p-1.json; echo
+    fi
+  done
+}
+
+step_unroll() {
+  # The one-row matrix-vector kernel with 4, 8 and 16 loads in flight per
+  # lane (GYRE_GEMV_UNROLL): cuda_check's kernel checks and 8B-shape
+  # projection timings, then batch-1 decode on the 8B (both orders) and 1B.
+  local u m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  for u in 4 8 16; do
+    echo "== cuda_check GYRE_GEMV_UNROLL=$u"
+    GYRE_GEMV_UNROLL=$u $B/examples/cuda_check "$m1" 2>&1 | grep -E "gemv|projection|rror|panic"
+  done 2>&1 | tee -a "$OUT/unroll.txt"
+  for u in 4 8 16 16 8 4; do
+    echo "== steptime llama-3-8b streams=1 GYRE_GEMV_UNROLL=$u"
+    GYRE_GEMV_UNROLL=$u DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+      $B/examples/steptime "$m8" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+  done 2>&1 | tee -a "$OUT/unroll.txt"
+  for u in 4 8 16; do
+    echo "== steptime llama-3.2-1b streams=1 GYRE_GEMV_UNROLL=$u"
+    GYRE_GEMV_UNROLL=$u DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+      $B/examples/steptime "$m1" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+  done 2>&1 | tee -a "$OUT/unroll.txt"
 }
 
 step_gemv_rows() {

@@ -15,7 +15,7 @@ rm -rf .device && mkdir -p .device/families .device/whl .device/parts
 tar -C "$T" -cf - gyre gyre-bench examples/greedy examples/steptime examples/cuda_check \
   | xz -6 -T2 > .device/bins.tar.xz
 sha256sum < .device/bins.tar.xz | cut -d' ' -f1 > .device/bins.sha256
-.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+${PYTHON:-${GYRE_CACHE:-$HOME/.cache/gyre}/venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 -d .device/whl gguf==0.19.0
 for f in tiny-llama tiny-qwen3 tiny-gemma3 tiny-gemma2 tiny-phi3 tiny-mistral-sw; do
   mkdir -p .device/families/$f
