@@ -254,6 +254,70 @@ GYRE_GEMV(1)
 GYRE_GEMV(2)
 GYRE_GEMV(4)
 GYRE_GEMV(8)
+// One row, each weight row split over S warps of the block (8 / S rows a
+// block): part p of a row takes its 32-load chunks p, p + S, p + 2S, ...;
+// the parts' float32 sums are added in order in shared memory. For long
+// rows, where one warp a row leaves too little work in flight.
+template <int S>
+__device__ __forceinline__ void gemv_split(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                           int n, int k) {
+  constexpr int U = 4;
+  constexpr int STEP = 32 * S;  // between a part's chunks, in 16-byte loads
+  __shared__ float part[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / S) + warp / S;
+  const int p = warp % S;
+  const bool live = row < n;
+  const int k8 = k >> 3;
+  const U4* wr = reinterpret_cast<const U4*>(w + (long)(live ? row : 0) * k);
+  const U4* xr = reinterpret_cast<const U4*>(x);
+  const int i0 = p * 32 + lane;
+  U4 wv[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int j = i0 + u * STEP;
+    wv[u] = live && j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+  }
+  dep_wait();
+  dep_launch();
+  float acc = 0.0f;
+  if (live) {
+    for (int i = i0; i < k8; i += STEP * U) {
+      if (i != i0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          int j = i + u * STEP;
+          wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        int j = i + u * STEP;
+        if (j < k8) acc = dot8(wv[u], xr[j], acc);
+      }
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  if (live && p == 0 && lane == 0) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < S; q++) sum += part[warp + q];
+    y[row] = st(sum + (bias ? ld(bias[row]) : 0.0f));
+  }
+}
+
+#define GYRE_GEMV_SPLIT(S)                                                                    \
+  extern "C" __global__ void gyre_gemv1_s##S(const bf16* x, const bf16* w, const bf16* bias,  \
+                                             bf16* y, int m, int n, int k) {                  \
+    gemv_split<S>(x, w, bias, y, n, k);                                                       \
+  }
+GYRE_GEMV_SPLIT(2)
+GYRE_GEMV_SPLIT(4)
+GYRE_GEMV_SPLIT(8)
+
 extern "C" __global__ void gyre_gemv1_u8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                          int m, int n, int k) {
   gemv<1, 8>(x, w, bias, y, m, n, k);
@@ -603,6 +667,11 @@ struct Kernels {
   CUfunction gemv[4] = {nullptr, nullptr, nullptr, nullptr};  // rows <= 1, 2, 4, 8
   CUfunction gemv1_u8 = nullptr, gemv1_u16 = nullptr;
   int gemv_unroll = 4;  // loads in flight per lane at one row (GYRE_GEMV_UNROLL)
+  // One-row products with k >= gemv_split_min_k split each weight row over
+  // gemv_split warps (GYRE_GEMV_SPLIT, GYRE_GEMV_SPLIT_MIN_K; 1: no split).
+  CUfunction gemv1_split[3] = {nullptr, nullptr, nullptr};  // 2, 4, 8 warps a row
+  int gemv_split = 1;
+  long gemv_split_min_k = 0;
   CUfunction attn_split64 = nullptr, attn_combine64 = nullptr;
   CUfunction attn_split128 = nullptr, attn_combine128 = nullptr;
   int sms = 0;
@@ -649,6 +718,11 @@ bool init_locked(Kernels& k, std::string& why) {
     int v = std::atoi(u);
     if (v == 4 || v == 8 || v == 16) k.gemv_unroll = v;
   }
+  if (const char* v = std::getenv("GYRE_GEMV_SPLIT")) {
+    int sp = std::atoi(v);
+    if (sp == 1 || sp == 2 || sp == 4 || sp == 8) k.gemv_split = sp;
+  }
+  if (const char* v = std::getenv("GYRE_GEMV_SPLIT_MIN_K")) k.gemv_split_min_k = std::atol(v);
   const char* pdl = std::getenv("GYRE_PDL");
   if (major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0))
     k.launch_ex = reinterpret_cast<FnLaunchEx>(dlsym(cu, "cuLaunchKernelEx"));
@@ -661,7 +735,8 @@ bool init_locked(Kernels& k, std::string& why) {
       get(&k.silu_mul, m, "gyre_silu_mul") || get(&k.gemv[0], m, "gyre_gemv1") ||
       get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
       get(&k.gemv[3], m, "gyre_gemv8") || get(&k.gemv1_u8, m, "gyre_gemv1_u8") ||
-      get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.attn_split64, m, "gyre_attn_split64") ||
+      get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.gemv1_split[0], m, "gyre_gemv1_s2") ||
+      get(&k.gemv1_split[1], m, "gyre_gemv1_s4") || get(&k.gemv1_split[2], m, "gyre_gemv1_s8") || get(&k.attn_split64, m, "gyre_attn_split64") ||
       get(&k.attn_combine64, m, "gyre_attn_combine64") ||
       get(&k.attn_split128, m, "gyre_attn_split128") ||
       get(&k.attn_combine128, m, "gyre_attn_combine128")) {
@@ -878,6 +953,11 @@ int gyre_fused_gemv(const at::Tensor* x, const at::Tensor* w, const at::Tensor* 
   auto f = ks.gemv[which];
   if (which == 0 && ks.gemv_unroll == 8) f = ks.gemv1_u8;
   if (which == 0 && ks.gemv_unroll == 16) f = ks.gemv1_u16;
+  if (which == 0 && ks.gemv_split > 1 && k >= ks.gemv_split_min_k) {
+    int rows = static_cast<int>(warps) / ks.gemv_split;
+    f = ks.gemv1_split[ks.gemv_split == 2 ? 0 : (ks.gemv_split == 4 ? 1 : 2)];
+    grid = static_cast<unsigned>((n + rows - 1) / rows);
+  }
   if (!launch(f, grid, warps * 32, args, why)) {
     put(err, err_len, why);
     return 1;

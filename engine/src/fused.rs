@@ -35,6 +35,10 @@
 //! `GYRE_GEMV_UNROLL=8` or `16` gives the one-row matrix-vector kernel that
 //! many weight loads in flight per lane instead of 4 (for comparisons: on
 //! an H200 both made the 8B shape's decode step slower).
+//! `GYRE_GEMV_SPLIT=2`, `4` or `8` splits each weight row of one-row
+//! products with at least `GYRE_GEMV_SPLIT_MIN_K` columns (default 0) over
+//! that many warps, whose float32 sums are then added (for comparisons; not
+//! yet measured on a GPU, so off by default).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

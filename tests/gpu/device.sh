@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gyre-out}
@@ -204,6 +204,28 @@ step_unroll() {
     GYRE_GEMV_UNROLL=$u DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
       $B/examples/steptime "$m1" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
   done 2>&1 | tee -a "$OUT/unroll.txt"
+}
+
+step_gemv_split() {
+  # The one-row matrix-vector kernel with each weight row split over 2, 4
+  # or 8 warps (GYRE_GEMV_SPLIT; every product, or only those of at least
+  # 8,192 columns: the down projection), against one warp a row:
+  # cuda_check's kernel checks and 8B-shape projection timings, then
+  # batch-1 decode on the 8B (both orders) and the 1B.
+  local e m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  local variants="GYRE_GEMV_SPLIT=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=4 GYRE_GEMV_SPLIT=8"
+  for e in $variants; do
+    echo "== cuda_check $e"
+    env $e $B/examples/cuda_check "$m1" 2>&1 | grep -E "gemv|projection|rror|panic"
+  done 2>&1 | tee -a "$OUT/gemv-split.txt"
+  local runs="GYRE_GEMV_SPLIT=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=4 GYRE_GEMV_SPLIT=2,GYRE_GEMV_SPLIT_MIN_K=8192 GYRE_GEMV_SPLIT=4,GYRE_GEMV_SPLIT_MIN_K=8192"
+  for m in "$m8" "$m1"; do
+    for e in $runs $( [ "$m" = "$m8" ] && echo $runs | tr ' ' '\n' | tac ); do
+      echo "== steptime $(basename "$m") streams=1 ${e//,/ }"
+      env ${e//,/ } DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+        $B/examples/steptime "$m" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+    done
+  done 2>&1 | tee -a "$OUT/gemv-split.txt"
 }
 
 step_gemv_rows() {
