@@ -919,7 +919,9 @@ static bool aligned16(const at::Tensor& t) {
 }
 
 // y [m, n] = x [m, k] . w [n, k]^T (+ bias [n]), m <= 8, k % 8 == 0, bf16
-// contiguous CUDA, x and w 16-byte aligned.
+// contiguous CUDA, x and w 16-byte aligned. w is read before the kernel
+// waits for the one before it (programmatic dependent launch): it must not
+// be written by a kernel still in flight (model weights are not).
 int gyre_fused_gemv(const at::Tensor* x, const at::Tensor* w, const at::Tensor* bias,
                     const at::Tensor* y, char* err, size_t err_len) {
   std::string why;

@@ -191,7 +191,10 @@ fn gemv_max_rows() -> i64 {
 /// `x` [m, k] times `w` [n, k] transposed (+ `bias` [n]) with gyre's
 /// matrix-vector kernel, for decode steps of a few rows on CUDA in bf16:
 /// [m, n], or None when the kernel does not take these tensors (the caller
-/// runs cuBLAS). `GYRE_GEMV=0` turns it off.
+/// runs cuBLAS). `GYRE_GEMV=0` turns it off. `w` must be a weight that
+/// no kernel still in flight writes: launched with programmatic dependent
+/// launch, the kernel loads its first weight rows before it waits for the
+/// kernel before it.
 pub(crate) fn gemv(
     x: &Tensor,
     w: &Tensor,
