@@ -26,8 +26,9 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
-#include <cstdint>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -736,7 +737,8 @@ bool init_locked(Kernels& k, std::string& why) {
       get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
       get(&k.gemv[3], m, "gyre_gemv8") || get(&k.gemv1_u8, m, "gyre_gemv1_u8") ||
       get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.gemv1_split[0], m, "gyre_gemv1_s2") ||
-      get(&k.gemv1_split[1], m, "gyre_gemv1_s4") || get(&k.gemv1_split[2], m, "gyre_gemv1_s8") || get(&k.attn_split64, m, "gyre_attn_split64") ||
+      get(&k.gemv1_split[1], m, "gyre_gemv1_s4") || get(&k.gemv1_split[2], m, "gyre_gemv1_s8") ||
+      get(&k.attn_split64, m, "gyre_attn_split64") ||
       get(&k.attn_combine64, m, "gyre_attn_combine64") ||
       get(&k.attn_split128, m, "gyre_attn_split128") ||
       get(&k.attn_combine128, m, "gyre_attn_combine128")) {
@@ -756,16 +758,16 @@ std::mutex& init_mutex() {
 
 bool launch(CUfunction f, dim3 grid, unsigned block, void** args, std::string& why) {
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  if (auto ex = kernels().launch_ex) {
+  // A driver that refuses the attribute gets plain launches from then on.
+  static std::atomic<bool> pdl_refused{false};
+  if (auto ex = kernels().launch_ex; ex && !pdl_refused.load(std::memory_order_relaxed)) {
     LaunchAttr attr{};
     attr.id = kAttrProgrammaticSerialization;
     attr.v.value = 1;
     LaunchConfig c{grid.x, grid.y, grid.z, block, 1, 1, 0, stream, &attr, 1};
-    if (int rc = ex(&c, f, args, nullptr)) {
-      why = "cuLaunchKernelEx failed: " + std::to_string(rc);
-      return false;
-    }
-    return true;
+    if (ex(&c, f, args, nullptr) == 0) return true;
+    pdl_refused.store(true, std::memory_order_relaxed);
+    std::fprintf(stderr, "gyre: programmatic dependent launch refused; launching plainly\n");
   }
   if (int rc = kernels().launch(f, grid.x, grid.y, grid.z, block, 1, 1, 0, stream, args,
                                 nullptr)) {
