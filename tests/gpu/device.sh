@@ -82,6 +82,15 @@ step_fidelity_gguf() {
     --gguf "$KEEP/smollm2-135m-instruct.gguf" 2>&1 | tee "$OUT/fidelity-gguf.txt"
 }
 
+# One steptime run: MODEL STREAMS PROMPT [VAR=VALUE...], 256 new tokens,
+# CUDA graphs on, each graph's replay time logged (GYRE_PROFILE_GRAPHS).
+steptime_run() {
+  local m=$1 streams=$2 prompt=$3; shift 3
+  echo "== steptime $(basename "$m") streams=$streams prompt=$prompt $*"
+  env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
+    $B/examples/steptime "$m" "$prompt" 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+}
+
 step_decode() {
   # Batch-1 and 8-stream decode on each random-weight shape (CUDA graphs
   # on), the graphs' own device time per replay (GYRE_PROFILE_GRAPHS), then
@@ -89,23 +98,16 @@ step_decode() {
   # the unfused RMSNorm (GYRE_FUSED_NORM=0); greedy, and sampled
   # (temperature 1, top-p 0.9) on the device and on the host. Then the
   # roofline of each shape.
-  local run
-  run() {
-    local m=$1 streams=$2; shift 2
-    echo "== steptime $(basename "$m") streams=$streams $*"
-    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-      $B/examples/steptime "$m" 128 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-  }
   for name in ${DECODE_MODELS:-llama-3-8b llama-3.2-1b}; do
     local m="$W/$name"
     [ -d "$m" ] || continue
-    run "$m" 1 X=1
-    run "$m" 8 X=1
+    steptime_run "$m" 1 128 X=1
+    steptime_run "$m" 8 128 X=1
     if [ "$name" = llama-3-8b ]; then
-      run "$m" 1 GYRE_DEVICE_SAMPLING=0
-      run "$m" 1 GYRE_FUSED_NORM=0
-      run "$m" 1 TEMP=1
-      run "$m" 1 TEMP=1 GYRE_DEVICE_SAMPLING=0
+      steptime_run "$m" 1 128 GYRE_DEVICE_SAMPLING=0
+      steptime_run "$m" 1 128 GYRE_FUSED_NORM=0
+      steptime_run "$m" 1 128 TEMP=1
+      steptime_run "$m" 1 128 TEMP=1 GYRE_DEVICE_SAMPLING=0
     fi
     python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
   done 2>&1 | tee -a "$OUT/decode.txt"
@@ -118,28 +120,21 @@ step_decode_fused() {
   # Batch 1 on each shape, 8 streams (the kernel up to 4 rows, and 8) and
   # a 2,000-token context on the 8B;
   # CUDA graphs on, graph replay times profiled; then the rooflines.
-  local run
-  run() {
-    local m=$1 streams=$2 prompt=$3; shift 3
-    echo "== steptime $(basename "$m") streams=$streams prompt=$prompt $*"
-    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-      $B/examples/steptime "$m" "$prompt" 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-  }
   for name in ${DECODE_MODELS:-llama-3-8b llama-3.2-1b}; do
     local m="$W/$name"
     [ -d "$m" ] || continue
-    run "$m" 1 128 X=1
+    steptime_run "$m" 1 128 X=1
     if [ "$name" = llama-3-8b ]; then
-      run "$m" 1 128 GYRE_GEMV=0
-      run "$m" 1 128 GYRE_DECODE_ATTN=0
+      steptime_run "$m" 1 128 GYRE_GEMV=0
+      steptime_run "$m" 1 128 GYRE_DECODE_ATTN=0
     fi
-    run "$m" 1 128 GYRE_FUSED_KERNELS=0
+    steptime_run "$m" 1 128 GYRE_FUSED_KERNELS=0
     if [ "$name" = llama-3-8b ]; then
-      run "$m" 8 128 X=1
-      run "$m" 8 128 GYRE_GEMV_MAX_ROWS=8
-      run "$m" 8 128 GYRE_FUSED_KERNELS=0
-      run "$m" 1 2000 X=1
-      run "$m" 1 2000 GYRE_DECODE_ATTN=0
+      steptime_run "$m" 8 128 X=1
+      steptime_run "$m" 8 128 GYRE_GEMV_MAX_ROWS=8
+      steptime_run "$m" 8 128 GYRE_FUSED_KERNELS=0
+      steptime_run "$m" 1 2000 X=1
+      steptime_run "$m" 1 2000 GYRE_DECODE_ATTN=0
     fi
     python3 tests/gpu/roofline.py "$m" "$OUT/bandwidth.json" 256
   done 2>&1 | tee -a "$OUT/decode.txt"
@@ -156,20 +151,13 @@ step_pdl() {
 }
 
 pdl_runs() {
-  local run
-  run() {
-    local m=$1 streams=$2 prompt=$3; shift 3
-    echo "== steptime $(basename "$m") streams=$streams prompt=$prompt $*"
-    env "$@" DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-      $B/examples/steptime "$m" "$prompt" 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-  }
   local m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
   for rep in 1 2; do
-    for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 1 128 $e; done
+    for e in GYRE_PDL=0 GYRE_PDL=1; do steptime_run "$m8" 1 128 $e; done
   done
-  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 8 128 $e; done
-  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m1" 1 128 $e; done
-  for e in GYRE_PDL=0 GYRE_PDL=1; do run "$m8" 1 2000 $e; done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do steptime_run "$m8" 8 128 $e; done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do steptime_run "$m1" 1 128 $e; done
+  for e in GYRE_PDL=0 GYRE_PDL=1; do steptime_run "$m8" 1 2000 $e; done
   python3 tests/gpu/roofline.py "$m8" "$OUT/bandwidth.json" 256
   python3 tests/gpu/roofline.py "$m1" "$OUT/bandwidth.json" 256
   python3 -c 'import json,random; r=random.Random(7); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (37,)], open("/tmp/p1.json","w")); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (5,40,77,130)], open("/tmp/p4.json","w"))'
@@ -194,16 +182,8 @@ step_unroll() {
     echo "== cuda_check GYRE_GEMV_UNROLL=$u"
     GYRE_GEMV_UNROLL=$u $B/examples/cuda_check "$m1" 2>&1 | grep -E "gemv|projection|rror|panic"
   done 2>&1 | tee -a "$OUT/unroll.txt"
-  for u in 4 8 16 16 8 4; do
-    echo "== steptime llama-3-8b streams=1 GYRE_GEMV_UNROLL=$u"
-    GYRE_GEMV_UNROLL=$u DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-      $B/examples/steptime "$m8" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-  done 2>&1 | tee -a "$OUT/unroll.txt"
-  for u in 4 8 16; do
-    echo "== steptime llama-3.2-1b streams=1 GYRE_GEMV_UNROLL=$u"
-    GYRE_GEMV_UNROLL=$u DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-      $B/examples/steptime "$m1" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-  done 2>&1 | tee -a "$OUT/unroll.txt"
+  for u in 4 8 16 16 8 4; do steptime_run "$m8" 1 128 GYRE_GEMV_UNROLL=$u; done 2>&1 | tee -a "$OUT/unroll.txt"
+  for u in 4 8 16; do steptime_run "$m1" 1 128 GYRE_GEMV_UNROLL=$u; done 2>&1 | tee -a "$OUT/unroll.txt"
 }
 
 step_gemv_split() {
@@ -221,9 +201,7 @@ step_gemv_split() {
   local runs="GYRE_GEMV_SPLIT=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=4 GYRE_GEMV_SPLIT=2,GYRE_GEMV_SPLIT_MIN_K=8192 GYRE_GEMV_SPLIT=4,GYRE_GEMV_SPLIT_MIN_K=8192"
   for m in "$m8" "$m1"; do
     for e in $runs $( [ "$m" = "$m8" ] && echo $runs | tr ' ' '\n' | tac ); do
-      echo "== steptime $(basename "$m") streams=1 ${e//,/ }"
-      env ${e//,/ } DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-        $B/examples/steptime "$m" 128 256 1 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
+      steptime_run "$m" 1 128 ${e//,/ }
     done
   done 2>&1 | tee -a "$OUT/gemv-split.txt"
 }
@@ -234,11 +212,7 @@ step_gemv_rows() {
   local m="$W/llama-3-8b" streams
   [ -d "$m" ] || return 0
   for streams in 2 4; do
-    for e in X=1 GYRE_GEMV=0; do
-      echo "== steptime llama-3-8b streams=$streams prompt=128 $e"
-      env $e DEVICE=cuda ROUNDS=2 GYRE_PROFILE_GRAPHS=1 timeout 150 \
-        $B/examples/steptime "$m" 128 256 "$streams" 2>&1 | grep -E "round 1|replayed|rror|panic|WARN" | cut -c1-220
-    done
+    for e in X=1 GYRE_GEMV=0; do steptime_run "$m" "$streams" 128 $e; done
   done 2>&1 | tee -a "$OUT/decode.txt"
 }
 
