@@ -1,7 +1,6 @@
 """TLS on both ports and mTLS on gRPC (issue 14), with real certificates made
 in the test by the openssl command-line tool: HTTPS through the OpenAI SDK
-trusting the test CA (which also proves the in-process shim reaches its
-TLS gRPC port), gRPC over TLS through the Python client, client
+trusting the test CA, gRPC over TLS through the Python client, client
 certificates required and checked with `--tls-client-ca`, the standalone
 `gyre-shim` reaching a TLS service with `--upstream https://...`, plain
 text refused cleanly on TLS ports, and bad certificate or key files failing
@@ -178,8 +177,8 @@ def test_mtls_refuses_other_clients(mtls_server, pki, client):
 
 
 def test_mtls_leaves_the_http_api_to_the_in_process_shim(mtls_server, pki):
-    """The HTTP port asks no client certificate; its shim presents the
-    server's own to the gRPC port, which accepts it."""
+    """The HTTP port asks no client certificate, and its shim reaches the
+    gRPC server in process, outside the gRPC port's mTLS."""
     assert chat(sdk(mtls_server.http, ca_context(pki)))
 
 

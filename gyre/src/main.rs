@@ -500,8 +500,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => None,
     };
     let key_required = grpc.api_key.is_some() || grpc.keys_file.is_some();
-    let grpc_task = tokio::spawn(gyre_shim::conn::serve_tls(
+    // The HTTP API's shim reaches the gRPC server in process: in-memory
+    // connections, no loopback TCP (or TLS) for every streamed token.
+    let (local_connector, local_incoming) = match &http {
+        Some(_) => {
+            let (connector, incoming) = gyre_shim::conn::inproc::pair();
+            (Some(connector), Some(incoming))
+        }
+        None => (None, None),
+    };
+    let grpc_task = tokio::spawn(gyre_shim::conn::serve_with(
         grpc_listener,
+        local_incoming,
         gyre_shim::grpc_cors::grpc_service(grpc_routes, grpc_cors.as_ref()),
         limits,
         grpc_tls,
@@ -531,8 +541,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot bind HTTP address {addr}"))?;
             let local = listener.local_addr()?;
-            let mut cfg = gyre_shim::ShimConfig::new(format!("{scheme}://{grpc_local}"));
-            cfg.upstream_tls = tls.as_ref().map(|t| t.loopback_client()).transpose()?;
+            let mut cfg = gyre_shim::ShimConfig::new(format!("http://{grpc_local}"));
+            cfg.upstream_inproc = local_connector;
             cfg.idempotency = http.idempotency.settings();
             cfg.api_key = grpc.api_key;
             cfg.metrics_access = metrics_access;

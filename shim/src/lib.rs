@@ -93,6 +93,10 @@ pub struct ShimConfig {
     /// TLS of the hop to the service (for an `https://` endpoint); `None`:
     /// plain HTTP/2.
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// Reach the service through in-process connections instead (`gyre
+    /// serve`, whose gRPC server serves them; see [`conn::inproc`]); the
+    /// endpoint then only names the service, and `upstream_tls` is unused.
+    pub upstream_inproc: Option<conn::inproc::Connector>,
     /// `Idempotency-Key` handling (see [`idempotency`]).
     pub idempotency: idempotency::Settings,
     /// A streamed response with no event this long gets a `: keep-alive`
@@ -128,6 +132,7 @@ impl ShimConfig {
             upstream_connections: usize::from(pool::DEFAULT_CONNECTIONS),
             body_timeout: Some(Duration::from_secs(30)),
             upstream_tls: None,
+            upstream_inproc: None,
             idempotency: idempotency::Settings::default(),
             sse_heartbeat: Some(keepalive::SSE_HEARTBEAT),
             upstream_keepalive_interval: Some(keepalive::UPSTREAM_KEEPALIVE_INTERVAL),
@@ -185,13 +190,14 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
             .keep_alive_timeout(cfg.upstream_keepalive_timeout)
             .keep_alive_while_idle(true);
     }
-    let pool = match &cfg.upstream_tls {
-        Some(tls) => Pool::connect_lazy_tls(
+    let pool = match (&cfg.upstream_inproc, &cfg.upstream_tls) {
+        (Some(local), _) => Pool::connect_lazy_with(&endpoint, cfg.upstream_connections, local),
+        (None, Some(tls)) => Pool::connect_lazy_tls(
             &endpoint,
             cfg.upstream_connections,
             &tls::Connector::new(tls.clone()),
         ),
-        None => Pool::connect_lazy(&endpoint, cfg.upstream_connections),
+        (None, None) => Pool::connect_lazy(&endpoint, cfg.upstream_connections),
     };
     let grpc_auth = match &cfg.api_key {
         Some(key) => {

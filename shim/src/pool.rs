@@ -63,6 +63,18 @@ impl Pool {
         n: usize,
         connector: &crate::tls::Connector,
     ) -> Self {
+        Self::connect_lazy_with(endpoint, n, connector)
+    }
+
+    /// [`Pool::connect_lazy`] through `connector` (a TLS connector, or
+    /// [`crate::conn::inproc::Connector`]'s in-process connections).
+    pub fn connect_lazy_with<C>(endpoint: &Endpoint, n: usize, connector: &C) -> Self
+    where
+        C: tower::Service<http::Uri> + Clone + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+        C::Future: Send,
+        Box<dyn std::error::Error + Send + Sync>: From<C::Error>,
+    {
         let slots: Vec<Slot> = (0..n.max(1))
             .map(|_| Slot {
                 channel: endpoint.connect_with_connector_lazy(connector.clone()),

@@ -11,10 +11,8 @@
 //!   is reached over TLS; this module makes its rustls config. A standalone
 //!   `gyre-shim` trusts the roots given with `--upstream-ca` and may present
 //!   a client certificate (`--upstream-client-cert`/`-key`). The shim inside
-//!   `gyre serve` trusts exactly the server's own certificate (pinned), and
-//!   when the gRPC port requires client certificates it presents that same
-//!   certificate, which the port accepts besides those of the client CA
-//!   ([`ClientCaOrSelf`]): only the process holds its key.
+//!   `gyre serve` needs no TLS: it reaches its gRPC server in process
+//!   ([`crate::conn::inproc`]).
 //!
 //! [`conn`]: crate::conn
 
@@ -22,16 +20,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{
-    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use gyre_api::tls::Connector;
 
@@ -160,10 +153,6 @@ impl Identity {
             key: load_key(key_flag, key)?,
         })
     }
-
-    fn leaf(&self) -> Option<&CertificateDer<'static>> {
-        self.chain.first()
-    }
 }
 
 /// The TLS of a server's ports: its identity and, for mTLS, the client
@@ -217,8 +206,19 @@ impl ServerTls {
             .map_err(rustls_err("TLS protocol versions"))?;
         let builder = match (&self.client_ca, verify_clients) {
             (Some((path, roots)), true) => {
-                let verifier = ClientCaOrSelf::new(path, roots, &self.identity)?;
-                builder.with_client_cert_verifier(Arc::new(verifier))
+                let bad = |detail: String| TlsError::ClientCa {
+                    path: path.to_owned(),
+                    detail,
+                };
+                let mut store = RootCertStore::empty();
+                for cert in roots {
+                    store.add(cert.clone()).map_err(|e| bad(e.to_string()))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+                        .build()
+                        .map_err(|e| bad(e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
             }
             _ => builder.with_no_client_auth(),
         };
@@ -229,29 +229,6 @@ impl ServerTls {
             ))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-    }
-
-    /// The client config of the shim inside the same process: trusts
-    /// exactly this certificate, and presents it when the gRPC port
-    /// requires client certificates.
-    pub fn loopback_client(&self) -> Result<Arc<ClientConfig>, TlsError> {
-        let leaf = self
-            .identity
-            .leaf()
-            .cloned()
-            .ok_or(TlsError::Missing("--tls-cert", "a certificate"))?;
-        let builder = ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|source| TlsError::Rustls {
-                what: "TLS protocol versions",
-                source,
-            })?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Pinned {
-                cert: leaf,
-                provider: provider(),
-            }));
-        client_config(builder, self.client_ca.is_some().then_some(&self.identity))
     }
 }
 
@@ -294,137 +271,4 @@ fn client_config(
     // gRPC is HTTP/2 only.
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// Accepts exactly one server certificate (the in-process hop).
-#[derive(Debug)]
-struct Pinned {
-    cert: CertificateDer<'static>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.cert.as_ref() {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::UnknownIssuer,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// mTLS: a client certificate chaining to the client CA, or the server's
-/// own certificate (the shim of the same `gyre serve`).
-#[derive(Debug)]
-struct ClientCaOrSelf {
-    ca: Arc<dyn ClientCertVerifier>,
-    own: CertificateDer<'static>,
-}
-
-impl ClientCaOrSelf {
-    fn new(
-        path: &Path,
-        roots: &[CertificateDer<'static>],
-        identity: &Identity,
-    ) -> Result<Self, TlsError> {
-        let bad = |detail: String| TlsError::ClientCa {
-            path: path.to_owned(),
-            detail,
-        };
-        let mut store = RootCertStore::empty();
-        for cert in roots {
-            store.add(cert.clone()).map_err(|e| bad(e.to_string()))?;
-        }
-        let ca = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
-            .build()
-            .map_err(|e| bad(e.to_string()))?;
-        let own = identity
-            .leaf()
-            .cloned()
-            .ok_or(TlsError::Missing("--tls-cert", "a certificate"))?;
-        Ok(Self { ca, own })
-    }
-}
-
-impl ClientCertVerifier for ClientCaOrSelf {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.ca.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.own.as_ref() {
-            return Ok(ClientCertVerified::assertion());
-        }
-        self.ca.verify_client_cert(end_entity, intermediates, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.ca.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.ca.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.ca.supported_verify_schemes()
-    }
 }

@@ -24,12 +24,17 @@
 //! same way for every connection: requests in flight finish, idle connections
 //! go. The request-body timeout of the HTTP API is in [`body`].
 //!
+//! `gyre serve`'s own shim reaches its gRPC port through in-process
+//! connections ([`inproc`], [`serve_with`]), served like the others but
+//! without TCP, TLS or a connection slot.
+//!
 //! With TLS ([`serve_tls`]), each accepted connection first completes its
 //! handshake, within the header-read timeout (10 s when that is off); a
 //! connection that fails it (a plain-text client, an unknown or missing
 //! client certificate under mTLS) is closed and logged at debug level.
 
 pub mod body;
+pub mod inproc;
 mod track;
 
 use std::future::Future;
@@ -167,6 +172,30 @@ pub async fn serve_tls<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    serve_with(listener, None, service, limits, tls, shutdown).await;
+}
+
+/// [`serve_tls`], also serving the in-process connections of `inproc` (see
+/// [`inproc`]): without TLS, outside the connection limit (they are the
+/// process's own shim), otherwise as any other connection.
+pub async fn serve_with<S, B>(
+    listener: TcpListener,
+    mut inproc: Option<inproc::Incoming>,
+    service: S,
+    limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     let builder = Arc::new(builder(&limits));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     // Every connection task holds a receiver; `closed()` on the sender
@@ -178,6 +207,13 @@ pub async fn serve_tls<S, B>(
         let accepted = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
+            local = next_inproc(&mut inproc) => {
+                let (builder, service, close) = (builder.clone(), service.clone(), close_rx.clone());
+                tokio::spawn(async move {
+                    serve_connection(local, service, &builder, limits, close).await;
+                });
+                continue;
+            }
         };
         let (tcp, peer) = match accepted {
             Ok(conn) => conn,
@@ -230,9 +266,22 @@ pub async fn serve_tls<S, B>(
         });
     }
     drop(listener);
+    drop(inproc);
     let _ = close_tx.send(true);
     drop(close_rx);
     close_tx.closed().await;
+}
+
+/// The next in-process connection; pending for good once there is no
+/// sender left (or none was given).
+async fn next_inproc(inproc: &mut Option<inproc::Incoming>) -> tokio::io::DuplexStream {
+    if let Some(rx) = inproc {
+        if let Some(conn) = rx.recv().await {
+            return conn;
+        }
+        *inproc = None;
+    }
+    std::future::pending().await
 }
 
 fn builder(limits: &ConnLimits) -> Builder<TokioExecutor> {
