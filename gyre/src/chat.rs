@@ -593,6 +593,7 @@ mod local {
             let _draining = drain_tx;
             gyre_shim::conn::serve_tls(
                 listener,
+                None,
                 routes,
                 gyre_shim::conn::ConnLimits::default(),
                 None,

@@ -509,7 +509,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => (None, None),
     };
-    let grpc_task = tokio::spawn(gyre_shim::conn::serve_with(
+    let grpc_task = tokio::spawn(gyre_shim::conn::serve_tls(
         grpc_listener,
         local_incoming,
         gyre_shim::grpc_cors::grpc_service(grpc_routes, grpc_cors.as_ref()),

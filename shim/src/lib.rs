@@ -343,7 +343,7 @@ pub async fn serve_tls(
     // Outermost: every response, a 408 from the body deadline included,
     // carries the request id (see `observe`).
     let app = router(state).layer(middleware::from_fn(observe::layer));
-    conn::serve_tls(listener, app, limits, tls, shutdown).await;
+    conn::serve_tls(listener, None, app, limits, tls, shutdown).await;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! In-process connections from `gyre serve`'s own shim to its gRPC server:
 //! each is an in-memory byte stream ([`tokio::io::duplex`]) carrying the
 //! same HTTP/2 as a TCP connection would, served by the gRPC port's
-//! [`super::serve_with`] with the port's limits, keepalive and graceful
+//! [`super::serve_tls`] with the port's limits, keepalive and graceful
 //! shutdown. Only the kernel's part goes: no loopback TCP sends, receives
 //! and wakeups for every streamed token, and no TLS on the hop when the
 //! ports use TLS (the bytes never leave the process).
@@ -62,10 +62,10 @@ mod tests {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
 
-    use super::super::{ConnLimits, serve_with};
+    use super::super::{ConnLimits, serve_tls};
 
     /// A tonic client reaches the gRPC server through in-process
-    /// connections, served by `serve_with` beside its TCP listener; after
+    /// connections, served by `serve_tls` beside its TCP listener; after
     /// the server's shutdown a new connection is refused, not left hanging.
     #[tokio::test]
     async fn a_client_reaches_the_server_in_process() {
@@ -79,7 +79,7 @@ mod tests {
             .await
             .expect("bind");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_with(
+        let server = tokio::spawn(serve_tls(
             listener,
             Some(incoming),
             routes,

@@ -25,7 +25,7 @@
 //! go. The request-body timeout of the HTTP API is in [`body`].
 //!
 //! `gyre serve`'s own shim reaches its gRPC port through in-process
-//! connections ([`inproc`], [`serve_with`]), served like the others but
+//! connections ([`inproc`], [`serve_tls`]), served like the others but
 //! without TCP, TLS or a connection slot.
 //!
 //! With TLS ([`serve_tls`]), each accepted connection first completes its
@@ -148,37 +148,17 @@ pub async fn serve<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    serve_tls(listener, service, limits, None, shutdown).await;
+    serve_tls(listener, None, service, limits, None, shutdown).await;
 }
 
 /// How long a TLS handshake may take when the header-read timeout is off.
 const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// [`serve`], with each connection's TLS handshake first when `tls` is set.
-pub async fn serve_tls<S, B>(
-    listener: TcpListener,
-    service: S,
-    limits: ConnLimits,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    shutdown: impl Future<Output = ()>,
-) where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    serve_with(listener, None, service, limits, tls, shutdown).await;
-}
-
-/// [`serve_tls`], also serving the in-process connections of `inproc` (see
+/// [`serve`], with each connection's TLS handshake first when `tls` is
+/// set, also serving the in-process connections of `inproc` (see
 /// [`inproc`]): without TLS, outside the connection limit (they are the
 /// process's own shim), otherwise as any other connection.
-pub async fn serve_with<S, B>(
+pub async fn serve_tls<S, B>(
     listener: TcpListener,
     mut inproc: Option<inproc::Incoming>,
     service: S,
