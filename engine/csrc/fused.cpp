@@ -27,7 +27,6 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -537,32 +536,8 @@ using FnModuleLoad = int (*)(CUmodule*, const void*);
 using FnGetFunction = int (*)(CUfunction*, CUmodule, const char*);
 using FnLaunch = int (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
-// cuLaunchKernelEx's configuration, laid out as the driver API's
-// CUlaunchConfig and CUlaunchAttribute (checked against cuda.h below).
-struct LaunchAttr {
-  int id;
-  char pad[4];
-  union {
-    char bytes[64];
-    int value;
-  } v;
-};
-struct LaunchConfig {
-  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
-  void* stream;
-  LaunchAttr* attrs;
-  unsigned num_attrs;
-};
-static_assert(sizeof(LaunchAttr) == sizeof(::CUlaunchAttribute) &&
-                  offsetof(LaunchAttr, v) == offsetof(::CUlaunchAttribute, value),
-              "LaunchAttr is not the driver's CUlaunchAttribute");
-static_assert(sizeof(LaunchConfig) == sizeof(::CUlaunchConfig) &&
-                  offsetof(LaunchConfig, stream) == offsetof(::CUlaunchConfig, hStream) &&
-                  offsetof(LaunchConfig, attrs) == offsetof(::CUlaunchConfig, attrs) &&
-                  offsetof(LaunchConfig, num_attrs) == offsetof(::CUlaunchConfig, numAttrs),
-              "LaunchConfig is not the driver's CUlaunchConfig");
-using FnLaunchEx = int (*)(const LaunchConfig*, CUfunction, void**, void**);
-constexpr int kAttrProgrammaticSerialization = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+// cuLaunchKernelEx, with cuda.h's launch configuration types.
+using FnLaunchEx = int (*)(const ::CUlaunchConfig*, CUfunction, void**, void**);
 
 struct Nvrtc {
   FnCreate create = nullptr;
@@ -761,10 +736,19 @@ bool launch(CUfunction f, dim3 grid, unsigned block, void** args, std::string& w
   // A driver that refuses the attribute gets plain launches from then on.
   static std::atomic<bool> pdl_refused{false};
   if (auto ex = kernels().launch_ex; ex && !pdl_refused.load(std::memory_order_relaxed)) {
-    LaunchAttr attr{};
-    attr.id = kAttrProgrammaticSerialization;
-    attr.v.value = 1;
-    LaunchConfig c{grid.x, grid.y, grid.z, block, 1, 1, 0, stream, &attr, 1};
+    ::CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    ::CUlaunchConfig c{};
+    c.gridDimX = grid.x;
+    c.gridDimY = grid.y;
+    c.gridDimZ = grid.z;
+    c.blockDimX = block;
+    c.blockDimY = 1;
+    c.blockDimZ = 1;
+    c.hStream = stream;
+    c.attrs = &attr;
+    c.numAttrs = 1;
     if (ex(&c, f, args, nullptr) == 0) return true;
     pdl_refused.store(true, std::memory_order_relaxed);
     std::fprintf(stderr, "gyre: programmatic dependent launch refused; launching plainly\n");

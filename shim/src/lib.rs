@@ -192,7 +192,7 @@ pub async fn connect(cfg: ShimConfig) -> anyhow::Result<AppState> {
     }
     let pool = match (&cfg.upstream_inproc, &cfg.upstream_tls) {
         (Some(local), _) => Pool::connect_lazy_with(&endpoint, cfg.upstream_connections, local),
-        (None, Some(tls)) => Pool::connect_lazy_tls(
+        (None, Some(tls)) => Pool::connect_lazy_with(
             &endpoint,
             cfg.upstream_connections,
             &tls::Connector::new(tls.clone()),

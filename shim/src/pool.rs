@@ -56,16 +56,6 @@ impl Pool {
         }
     }
 
-    /// [`Pool::connect_lazy`] over TLS: each channel connects through
-    /// `connector` (see [`crate::tls::Connector`]).
-    pub fn connect_lazy_tls(
-        endpoint: &Endpoint,
-        n: usize,
-        connector: &crate::tls::Connector,
-    ) -> Self {
-        Self::connect_lazy_with(endpoint, n, connector)
-    }
-
     /// [`Pool::connect_lazy`] through `connector` (a TLS connector, or
     /// [`crate::conn::inproc::Connector`]'s in-process connections).
     pub fn connect_lazy_with<C>(endpoint: &Endpoint, n: usize, connector: &C) -> Self
