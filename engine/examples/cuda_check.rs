@@ -90,7 +90,7 @@ fn sampled_streams(dir: &str, on_device: bool) -> Vec<Vec<u32>> {
 fn steps(model: &dyn Model) -> Vec<Tensor> {
     let a: Vec<u32> = (0..40).map(|i| 100 + (i * 37) % 900).collect();
     let b: Vec<u32> = (0..23).map(|i| 200 + (i * 53) % 900).collect();
-    let mut pool = model.new_pool(16, 16).expect("pool");
+    let mut pool = model.new_pool(16, 16, model.kind()).expect("pool");
     let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..4).collect(), (4..8).collect());
     let step1 = model
         .forward(

@@ -44,7 +44,9 @@ fn decode_steps(model: &dyn Model, plen: usize, steps: usize) -> Timing {
     let bs = 16usize;
     let total = plen + steps + 1;
     let blocks = total.div_ceil(bs);
-    let mut pool = model.new_pool(blocks as i64, bs as i64).expect("pool");
+    let mut pool = model
+        .new_pool(blocks as i64, bs as i64, model.kind())
+        .expect("pool");
     let table: Vec<u32> = (0..blocks as u32).collect();
     let prompt: Vec<u32> = (0..plen as u32).map(|i| 100 + (i * 7919) % 30000).collect();
     let run = |tokens: &[u32], start: usize, pool: &mut _| {

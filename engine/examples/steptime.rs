@@ -26,11 +26,16 @@
 //! takes every other round, and the geometric mean of each engine's rounds
 //! after the first pair (a warm-up) is printed, so the machine's drift
 //! falls on both alike.
+//!
+//! `KV=f16` runs with a float16 KV cache (`--kv-cache-dtype f16`);
+//! `KV_AB=1` compares it side by side with the default (float32) as
+//! `HUGE_PAGES_AB` does: the second engine has the float16 cache.
 use std::time::Instant;
 
 use gyre_engine::internals::set_huge_pages;
 use gyre_engine::{
-    Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, Sampling,
+    Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
+    Sampling,
 };
 
 fn main() {
@@ -59,19 +64,34 @@ fn main() {
         Ok("q-int8") => o.load_options.activations = Activations::Int8,
         _ => {}
     }
+    if let Ok(kv) = std::env::var("KV") {
+        o.kv_cache_dtype = kv.parse().expect("KV: auto, f32 or f16");
+    }
     println!("libtorch threads on main: {}", tch::get_num_threads());
     if std::env::var_os("OMP_WAIT_POLICY").is_none() {
         println!("note: OMP_WAIT_POLICY is unset; the gyre binary sets it to PASSIVE (see above)");
     }
     // The small-page engine, if any, loads first and runs second.
-    let small = std::env::var("HUGE_PAGES_AB")
-        .is_ok_and(|v| v == "1")
-        .then(|| {
-            set_huge_pages(false);
-            let small = Engine::start(o.clone()).expect("engine");
-            set_huge_pages(true);
-            small
-        });
+    let kv_ab = std::env::var("KV_AB").is_ok_and(|v| v == "1");
+    let small = if kv_ab {
+        let mut b = o.clone();
+        b.kv_cache_dtype = KvCacheDtype::Float16;
+        Some(Engine::start(b).expect("engine"))
+    } else {
+        std::env::var("HUGE_PAGES_AB")
+            .is_ok_and(|v| v == "1")
+            .then(|| {
+                set_huge_pages(false);
+                let small = Engine::start(o.clone()).expect("engine");
+                set_huge_pages(true);
+                small
+            })
+    };
+    let (label_a, label_b) = if kv_ab {
+        ("default KV", "f16 KV")
+    } else {
+        ("huge pages", "small pages")
+    };
     let huge = Engine::start(o).expect("engine");
     if small.is_some() {
         let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
@@ -90,9 +110,9 @@ fn main() {
         .unwrap_or(2);
     for round in 0..rounds {
         let (e, pages) = match &small {
-            Some(small) if round % 2 == 1 => (small, " (small pages)"),
-            Some(_) => (&huge, " (huge pages)"),
-            None => (&huge, ""),
+            Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
+            Some(_) => (&huge, format!(" ({label_a})")),
+            None => (&huge, String::new()),
         };
         let prompt: Vec<u32> = (0..plen as u32)
             .map(|i| 100 + (i * 7919 + round) % 30000)
@@ -153,7 +173,7 @@ fn main() {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(
-            "geometric mean over rounds 2..{rounds}: huge pages {h:.1} tok/s, small pages {s:.1} tok/s, ratio {:.3}",
+            "geometric mean over rounds 2..{rounds}: {label_a} {h:.1} tok/s, {label_b} {s:.1} tok/s, ratio {:.3}",
             h / s
         );
     }

@@ -108,8 +108,8 @@ pub(crate) struct Draft {
 
 impl Draft {
     /// Loads the draft at `path` for `target` (loaded from `target_path`)
-    /// with a pool of `num_blocks` blocks, its weights held as `load` says;
-    /// fails when the vocabularies differ.
+    /// with a pool of `num_blocks` blocks of `kv_kind` elements, its weights
+    /// held as `load` says; fails when the vocabularies differ.
     pub fn load(
         path: &Path,
         target_path: &Path,
@@ -117,13 +117,14 @@ impl Draft {
         num_blocks: usize,
         block_size: usize,
         load: crate::models::LoadOptions,
+        kv_kind: tch::Kind,
     ) -> Result<Self, EngineError> {
         let model = crate::models::load_with(path, target.device(), target.kind(), load)?;
         same_vocabulary(target_path, target, path, model.as_ref())?;
         let bs = block_size as i64;
-        let per_block = model.kv_bytes_per_block(bs).max(1);
+        let per_block = model.kv_bytes_per_block(bs, kv_kind).max(1);
         let blocks = num_blocks.max(1) as i64;
-        let pool = model.new_pool(blocks, bs)?;
+        let pool = model.new_pool(blocks, bs, kv_kind)?;
         tracing::info!(
             path = %path.display(),
             architecture = %model.config().architecture,

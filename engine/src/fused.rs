@@ -82,6 +82,15 @@ fn cpu_usable(t: &Tensor) -> bool {
     enabled() && t.device() == tch::Device::Cpu && t.kind() == Kind::Float && t.is_contiguous()
 }
 
+/// Whether the CPU's pass can store into the pool layer `t`: a contiguous
+/// float32 or float16 CPU tensor.
+fn cpu_pool_usable(t: &Tensor) -> bool {
+    enabled()
+        && t.device() == tch::Device::Cpu
+        && matches!(t.kind(), Kind::Float | Kind::Half)
+        && t.is_contiguous()
+}
+
 /// Whether the kernels can take `t`: loaded, enabled, a contiguous bf16
 /// CUDA tensor.
 fn usable(t: &Tensor) -> bool {
@@ -149,10 +158,17 @@ pub(crate) fn rope_kv(
             qkv, cos, signed_sin, slots, k_cache, v_cache, heads, kv_heads, head_dim,
         )
         .map(Some),
-        Some(Path::Cpu) => cpu::rope_kv(
-            qkv, cos, signed_sin, slots, k_cache, v_cache, heads, kv_heads, head_dim,
-        )
-        .map(Some),
+        Some(Path::Cuda) => Ok(None),
+        // The CPU's pool may also be float16 (`--kv-cache-dtype f16`).
+        _ if matches!(path(&ts[..3]), Some(Path::Cpu))
+            && [k_cache, v_cache].iter().all(|t| cpu_pool_usable(t))
+            && k_cache.kind() == v_cache.kind() =>
+        {
+            cpu::rope_kv(
+                qkv, cos, signed_sin, slots, k_cache, v_cache, heads, kv_heads, head_dim,
+            )
+            .map(Some)
+        }
         _ => Ok(None),
     }
 }

@@ -120,8 +120,11 @@ impl KvPool {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<(), EngineError> {
-        let _ = self.k[layer].f_index_copy_(0, slots, k)?;
-        let _ = self.v[layer].f_index_copy_(0, slots, v)?;
+        // A pool of another dtype than the model's (a float16 cache on
+        // the CPU) stores the values rounded to its own.
+        let kind = self.k[layer].kind();
+        let _ = self.k[layer].f_index_copy_(0, slots, &k.f_to_kind(kind)?)?;
+        let _ = self.v[layer].f_index_copy_(0, slots, &v.f_to_kind(kind)?)?;
         Ok(())
     }
 

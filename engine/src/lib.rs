@@ -131,6 +131,54 @@ pub enum DeviceChoice {
     Cuda,
 }
 
+/// The element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// The model's own dtype (float32 on the CPU, bfloat16 on CUDA).
+    #[default]
+    Auto,
+    Float32,
+    /// Half the bytes of float32: keys and values are rounded to float16
+    /// when stored and widened back to float32 when read (llama.cpp's
+    /// default cache type). CPU only.
+    Float16,
+}
+
+impl KvCacheDtype {
+    /// The pool's tensor kind for a model of `kind` on `device`, or why
+    /// this choice does not run there.
+    pub(crate) fn kind(
+        self,
+        device: tch::Device,
+        kind: tch::Kind,
+    ) -> Result<tch::Kind, EngineError> {
+        match self {
+            Self::Auto => Ok(kind),
+            Self::Float32 if kind == tch::Kind::Float => Ok(kind),
+            Self::Float16 if device == tch::Device::Cpu && kind == tch::Kind::Float => {
+                Ok(tch::Kind::Half)
+            }
+            _ => Err(EngineError::Unsupported(format!(
+                "a {self:?} KV cache with a {kind:?} model on {device:?}: only the model's own dtype, or float16 for a float32 model on the CPU"
+            ))),
+        }
+    }
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "f32" | "fp32" | "float32" => Ok(Self::Float32),
+            "f16" | "fp16" | "float16" | "half" => Ok(Self::Float16),
+            other => Err(format!(
+                "unknown KV cache dtype {other:?}: expected auto, f32 or f16"
+            )),
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -180,6 +228,8 @@ pub struct EngineOptions {
     /// matrices stay in their blocks on a float32 CPU with AVX-512 VNNI
     /// (`quant`'s kernels); `dequantize` turns every weight to f32 at load.
     pub load_options: LoadOptions,
+    /// The KV cache's element type (the draft's pool takes the same).
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl EngineOptions {
@@ -199,6 +249,7 @@ impl EngineOptions {
             draft_model_dir: None,
             draft_num_blocks: None,
             load_options: LoadOptions::default(),
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }

@@ -140,7 +140,8 @@ impl Worker {
         let (dev, kind) = pick_device(opts.device)?;
         let model = crate::models::load_with(&opts.model_dir, dev, kind, opts.load_options)?;
         let bs = opts.block_size as i64;
-        let per_block = model.kv_bytes_per_block(bs).max(1);
+        let kv_kind = opts.kv_cache_dtype.kind(dev, kind)?;
+        let per_block = model.kv_bytes_per_block(bs, kv_kind).max(1);
         // Enough for every running sequence at full context, within the memory budget.
         let wanted =
             (opts.max_running as i64 * model.config().max_position_embeddings + bs - 1) / bs + 1;
@@ -151,7 +152,7 @@ impl Worker {
         // Decode graphs need one slot no sequence owns (padding rows write
         // there): a block past the scheduler's.
         let graphs_on = crate::graph::wanted(model.as_ref());
-        let pool = model.new_pool(num_blocks + i64::from(graphs_on), bs)?;
+        let pool = model.new_pool(num_blocks + i64::from(graphs_on), bs, kv_kind)?;
         let graphs = if graphs_on {
             match crate::graph::DecodeGraphs::new(num_blocks * bs) {
                 Ok(g) => Some(g),
@@ -166,6 +167,7 @@ impl Worker {
         tracing::info!(
             blocks = num_blocks,
             block_size = bs,
+            dtype = ?kv_kind,
             mib = num_blocks * per_block / (1 << 20),
             "KV cache allocated"
         );
@@ -178,6 +180,7 @@ impl Worker {
                     opts.draft_num_blocks.unwrap_or(num_blocks as usize),
                     opts.block_size,
                     opts.load_options,
+                    kv_kind,
                 )
                 .map_err(|e| EngineError::Draft(Box::new(e)))?,
             ),

@@ -158,6 +158,19 @@ pub(crate) struct EngineArgs {
         default_value_t = QuantActivations::Int8Residual
     )]
     pub(crate) quant_activations: QuantActivations,
+    /// The KV cache's element type. `auto` (default): the model's own
+    /// (float32 on the CPU, bfloat16 on CUDA). `f16` (CPU, float32 models):
+    /// keys and values rounded to float16 when stored and widened back to
+    /// float32 when read, as llama.cpp's default cache; half the memory, so
+    /// twice the tokens in --kv-cache-mib, and faster decodes at long
+    /// contexts. `f32`: float32 (the CPU's `auto`).
+    #[arg(
+        long,
+        env = "GYRE_KV_CACHE_DTYPE",
+        value_enum,
+        default_value_t = KvDtype::Auto
+    )]
+    pub(crate) kv_cache_dtype: KvDtype,
     /// Requests that may wait while the engine is full. A new request gets
     /// RESOURCE_EXHAUSTED (HTTP 429) only when the requests not yet started
     /// already number this plus the free running slots (--max-running minus
@@ -353,6 +366,24 @@ impl From<QuantActivations> for gyre_engine::Activations {
             QuantActivations::Int8Residual => Self::Int8Residual,
             QuantActivations::Int8 => Self::Int8,
             QuantActivations::F32 => Self::F32,
+        }
+    }
+}
+
+/// `--kv-cache-dtype` (the engine's `KvCacheDtype`).
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Eq)]
+pub(crate) enum KvDtype {
+    Auto,
+    F32,
+    F16,
+}
+
+impl From<KvDtype> for gyre_engine::KvCacheDtype {
+    fn from(d: KvDtype) -> Self {
+        match d {
+            KvDtype::Auto => Self::Auto,
+            KvDtype::F32 => Self::Float32,
+            KvDtype::F16 => Self::Float16,
         }
     }
 }

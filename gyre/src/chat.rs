@@ -570,6 +570,7 @@ mod local {
             compute_threads: None,
             dequantize: false,
             quant_activations: gyre_engine::Activations::default(),
+            kv_cache_dtype: gyre_engine::KvCacheDtype::Auto,
             text: Default::default(),
             load_progress: progress,
             hub_cache: gyre_service::resolve::hub_cache_dir(),

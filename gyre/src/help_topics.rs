@@ -48,6 +48,7 @@ const TOPICS: &[(&str, &[&str])] = &[
             "server_threads",
             "dequantize",
             "quant_activations",
+            "kv_cache_dtype",
             "embed_batch_tokens",
         ],
     ),

@@ -257,6 +257,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
         compute_threads: e.compute_threads,
         dequantize: e.dequantize,
         quant_activations: e.quant_activations.into(),
+        kv_cache_dtype: e.kv_cache_dtype.into(),
         text,
         load_progress: Some(load_progress(log_format)),
         hub_cache: resolve::hub_cache_dir(),

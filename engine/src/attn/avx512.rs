@@ -12,27 +12,27 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{DecodeSeq, Heads, softmax_rows};
+use super::{DecodeSeq, Heads, KvElem, softmax_rows};
 
 /// Runs the sequence's attention for the query heads of KV heads `gs`
 /// (`out`: theirs alone) when its head dim is one of the sizes above, and
 /// says whether it did. The caller checked the CPU for AVX-512F.
 #[target_feature(enable = "avx512f")]
-pub(super) fn one_seq(
+pub(super) fn one_seq<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
 ) -> bool {
     match h.head_dim {
-        16 => body::<1>(q, k, v, s, h, gs, out),
-        32 => body::<2>(q, k, v, s, h, gs, out),
-        64 => body::<4>(q, k, v, s, h, gs, out),
-        128 => body::<8>(q, k, v, s, h, gs, out),
-        256 => body::<16>(q, k, v, s, h, gs, out),
+        16 => body::<1, T>(q, k, v, s, h, gs, out),
+        32 => body::<2, T>(q, k, v, s, h, gs, out),
+        64 => body::<4, T>(q, k, v, s, h, gs, out),
+        128 => body::<8, T>(q, k, v, s, h, gs, out),
+        256 => body::<16, T>(q, k, v, s, h, gs, out),
         _ => return false,
     }
     true
@@ -46,30 +46,30 @@ const AHEAD: usize = 8;
 /// Prefetches the `len` floats of `data` from `at` (a hint: nothing is
 /// read when they lie outside it).
 #[inline(always)]
-fn prefetch_row(data: &[f32], at: usize, len: usize) {
+fn prefetch_row<T>(data: &[T], at: usize, len: usize) {
     if at + len <= data.len() {
         let p = data[at..].as_ptr().cast::<i8>();
-        for line in (0..len * 4).step_by(64) {
+        for line in (0..len * size_of::<T>()).step_by(64) {
             // SAFETY: a prefetch of memory inside `data` (checked above).
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
         }
     }
 }
 
-/// One head's `V` vectors at `p`.
+/// One head's `V` vectors at the start of `row`, widened to float32.
 #[inline(always)]
-fn load<const V: usize>(row: &[f32]) -> [__m512; V] {
+fn load<const V: usize, T: KvElem>(row: &[T]) -> [__m512; V] {
     assert!(row.len() >= 16 * V);
-    // SAFETY: `row` holds 16 * V floats (checked above); AVX-512F is
+    // SAFETY: `row` holds 16 * V elements (checked above); AVX-512F is
     // enabled in every caller.
-    std::array::from_fn(|c| unsafe { _mm512_loadu_ps(row.as_ptr().add(16 * c)) })
+    std::array::from_fn(|c| unsafe { T::load16(row.as_ptr().add(16 * c)) })
 }
 
 #[target_feature(enable = "avx512f")]
-fn body<const V: usize>(
+fn body<const V: usize, T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
@@ -87,9 +87,9 @@ fn body<const V: usize>(
             if let Some(&ahead) = s.slots.get(j + AHEAD) {
                 prefetch_row(k, row_of(ahead, g), hd);
             }
-            let key = load::<V>(&k[row_of(slot, g)..][..hd]);
+            let key = load::<V, T>(&k[row_of(slot, g)..][..hd]);
             for (i, qh) in qg.chunks_exact(hd).enumerate() {
-                let qv = load::<V>(qh);
+                let qv = load::<V, f32>(qh);
                 let mut a = _mm512_mul_ps(qv[0], key[0]);
                 for c in 1..V {
                     a = _mm512_fmadd_ps(qv[c], key[c], a);
@@ -102,13 +102,13 @@ fn body<const V: usize>(
         for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
             let p = &scores[i * t..][..t];
             if V <= 8 {
-                weighted::<V>(p, v, s.slots, |slot| row_of(slot, g), oh);
+                weighted::<V, T>(p, v, s.slots, |slot| row_of(slot, g), oh);
             } else {
                 // Two passes over the keys, one per half of the head.
                 let half = hd / 2;
                 let (lo, hi) = oh.split_at_mut(half);
-                weighted::<8>(p, v, s.slots, |slot| row_of(slot, g), lo);
-                weighted::<8>(p, v, s.slots, |slot| row_of(slot, g) + half, hi);
+                weighted::<8, T>(p, v, s.slots, |slot| row_of(slot, g), lo);
+                weighted::<8, T>(p, v, s.slots, |slot| row_of(slot, g) + half, hi);
             }
         }
     }
@@ -118,9 +118,9 @@ fn body<const V: usize>(
 /// of values at `at(slots[j])`, two keys in flight.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn weighted<const W: usize>(
+fn weighted<const W: usize, T: KvElem>(
     p: &[f32],
-    v: &[f32],
+    v: &[T],
     slots: &[i64],
     at: impl Fn(i64) -> usize,
     out: &mut [f32],
@@ -133,8 +133,8 @@ fn weighted<const W: usize>(
         for &ahead in slots.iter().skip(2 * jj + AHEAD).take(2) {
             prefetch_row(v, at(ahead), 16 * W);
         }
-        let v0 = load::<W>(&v[at(pair[0])..][..16 * W]);
-        let v1 = load::<W>(&v[at(pair[1])..][..16 * W]);
+        let v0 = load::<W, T>(&v[at(pair[0])..][..16 * W]);
+        let v1 = load::<W, T>(&v[at(pair[1])..][..16 * W]);
         let (p0, p1) = (_mm512_set1_ps(p[2 * jj]), _mm512_set1_ps(p[2 * jj + 1]));
         for c in 0..W {
             a0[c] = _mm512_fmadd_ps(p0, v0[c], a0[c]);
@@ -142,7 +142,7 @@ fn weighted<const W: usize>(
         }
     }
     if let [last] = pairs.remainder() {
-        let vl = load::<W>(&v[at(*last)..][..16 * W]);
+        let vl = load::<W, T>(&v[at(*last)..][..16 * W]);
         let pl = _mm512_set1_ps(p[t - 1]);
         for c in 0..W {
             a0[c] = _mm512_fmadd_ps(pl, vl[c], a0[c]);

@@ -37,6 +37,82 @@ pub(crate) struct Heads {
     pub softcap: Option<f32>,
 }
 
+/// An element of the CPU KV pool: float32, or float16 (`--kv-cache-dtype
+/// f16`: half the bytes a decode step reads, as llama.cpp's default cache).
+/// The kernels widen each key and value to float32 and compute in float32.
+pub(crate) trait KvElem: Copy + Send + Sync + 'static {
+    /// The pool tensors' kind.
+    const KIND: Kind;
+    /// `src` itself when it already is float32.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// `src` widened to float32 into `dst` (of the same length).
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Sixteen elements at `p` widened to float32.
+    ///
+    /// # Safety
+    /// `p` addresses 16 readable elements; the CPU has AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KvElem for f32 {
+    const KIND: Kind = Kind::Float;
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+}
+
+impl KvElem for half::f16 {
+    const KIND: Kind = Kind::Half;
+    fn as_f32(_: &[half::f16]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const half::f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (16 halves are 32 bytes).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+/// Borrows a contiguous CPU tensor of `T`'s kind (a KV pool layer) as a
+/// slice.
+#[allow(unsafe_code)]
+pub(crate) fn kv_view<T: KvElem>(t: &Tensor) -> Result<&[T], EngineError> {
+    if t.kind() != T::KIND || t.device() != Device::Cpu || !t.is_contiguous() {
+        return Err(EngineError::Step(format!(
+            "expected a contiguous {:?} CPU tensor, got {:?} on {:?}",
+            T::KIND,
+            t.kind(),
+            t.device()
+        )));
+    }
+    let n = t.numel();
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: as `f32_view`: `n` initialised, aligned elements of `T`'s
+    // kind, borrowed with `t` and not written while the borrow lives.
+    Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, n) })
+}
+
 /// Borrows a contiguous float32 CPU tensor as a slice.
 #[allow(unsafe_code)]
 pub(crate) fn f32_view(t: &Tensor) -> Result<&[f32], EngineError> {
@@ -100,10 +176,10 @@ pub(crate) fn f32_tensor_written(
 /// (`k`, `v`: [slots, kv_heads, head_dim]) at its slots, split over
 /// `workers` (the linear layers' threads) when there is enough of it.
 #[cfg(test)]
-pub(crate) fn decode(
+pub(crate) fn decode<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     seqs: &[DecodeSeq<'_>],
     h: Heads,
     workers: Option<&crate::workers::Workers>,
@@ -114,10 +190,10 @@ pub(crate) fn decode(
 }
 
 /// [`decode`] into `out` (seqs.len() * heads * head_dim floats).
-pub(crate) fn decode_into(
+pub(crate) fn decode_into<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     seqs: &[DecodeSeq<'_>],
     h: Heads,
     workers: Option<&crate::workers::Workers>,
@@ -221,10 +297,10 @@ unsafe impl Sync for OutPtr {}
 /// theirs alone), compiled for AVX2 + FMA when the CPU has them (the choice
 /// is per machine, and each head is computed alike whatever the range, so
 /// results never depend on the batch).
-fn one_seq(
+fn one_seq<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
@@ -242,10 +318,10 @@ fn one_seq(
 }
 
 /// [`one_seq`] without the AVX-512 kernel: any head dim.
-fn one_seq_portable(
+fn one_seq_portable<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
@@ -274,10 +350,10 @@ static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn one_seq_avx2(
+fn one_seq_avx2<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
@@ -287,10 +363,10 @@ fn one_seq_avx2(
 }
 
 #[inline(always)]
-fn one_seq_body(
+fn one_seq_body<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     s: &DecodeSeq<'_>,
     h: Heads,
     gs: Range<usize>,
@@ -301,11 +377,19 @@ fn one_seq_body(
     let scale = h.scale;
     let t = s.slots.len();
     let mut scores = vec![0f32; group * t];
+    let mut wide = vec![0f32; hd];
     let qrow = &q[s.row * h.heads * hd..][..h.heads * hd];
     for g in gs.clone() {
         let qg = &qrow[g * group * hd..][..group * hd];
         for (j, &slot) in s.slots.iter().enumerate() {
-            let key = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            let raw = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            let key = match T::as_f32(raw) {
+                Some(key) => key,
+                None => {
+                    T::widen(raw, &mut wide);
+                    &wide
+                }
+            };
             for (i, qh) in qg.chunks_exact(hd).enumerate() {
                 scores[i * t + j] = dot(qh, key) * scale;
             }
@@ -314,7 +398,14 @@ fn one_seq_body(
         let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         og.fill(0.0);
         for (j, &slot) in s.slots.iter().enumerate() {
-            let val = &v[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            let raw = &v[(slot as usize * h.kv_heads + g) * hd..][..hd];
+            let val = match T::as_f32(raw) {
+                Some(val) => val,
+                None => {
+                    T::widen(raw, &mut wide);
+                    &wide
+                }
+            };
             for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
                 axpy(oh, scores[i * t + j], val);
             }
@@ -572,14 +663,20 @@ mod tests {
     /// Both ways of one sequence (the AVX-512 kernel where the CPU and head
     /// dim allow, and the portable body) agree with libtorch's SDPA on the
     /// gathered keys, for every head dim the AVX-512 kernel takes and one
-    /// it does not, odd and even numbers of keys.
+    /// it does not, odd and even numbers of keys; with a float32 pool, and
+    /// with a float16 one (against SDPA on its values widened to float32).
     #[test]
     fn both_paths_match_sdpa_for_every_head_dim() {
+        both_paths_match_sdpa::<f32>();
+        both_paths_match_sdpa::<half::f16>();
+    }
+
+    fn both_paths_match_sdpa<T: KvElem>() {
         tch::manual_seed(13);
         for hd in [16i64, 32, 64, 80, 128, 256] {
             let (nh, nkv, slots) = (6i64, 2i64, 300i64);
-            let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-            let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+            let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
+            let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
             let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 2.0;
             let h = Heads {
                 heads: nh as usize,
@@ -595,8 +692,13 @@ mod tests {
                     slots: &table,
                 };
                 let idx = Tensor::from_slice(&table);
-                let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
-                let vv = v.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                let gather = |t: &Tensor| {
+                    t.index_select(0, &idx)
+                        .to_kind(Kind::Float)
+                        .transpose(0, 1)
+                        .unsqueeze(0)
+                };
+                let (kk, vv) = (gather(&k), gather(&v));
                 let qq = q.transpose(0, 1).unsqueeze(0);
                 let want = Tensor::scaled_dot_product_attention::<Tensor>(
                     &qq, &kk, &vv, None, 0.0, false, None, true,
@@ -607,8 +709,8 @@ mod tests {
                 let want = f32_view(&want).expect("want").to_vec();
                 let (qs, ks, vs) = (
                     f32_view(&q).expect("q"),
-                    f32_view(&k).expect("k"),
-                    f32_view(&v).expect("v"),
+                    kv_view::<T>(&k).expect("k"),
+                    kv_view::<T>(&v).expect("v"),
                 );
                 let mut fast = vec![0f32; (nh * hd) as usize];
                 let mut portable = fast.clone();
@@ -620,7 +722,11 @@ mod tests {
                         .zip(&want)
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
-                    assert!(diff < 2e-5, "hd {hd}, {len} keys, {name}: max diff {diff}");
+                    assert!(
+                        diff < 2e-5,
+                        "{:?} pool, hd {hd}, {len} keys, {name}: max diff {diff}",
+                        T::KIND
+                    );
                 }
             }
         }

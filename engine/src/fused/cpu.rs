@@ -4,7 +4,7 @@
 //! for bit; the norm's sum of squares in float64 (libtorch sums in float32,
 //! in another order); SiLU with `attn`'s vectorisable `exp`.
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::EngineError;
 use crate::attn::{f32_tensor, f32_view};
@@ -151,44 +151,60 @@ pub(crate) fn rope_kv(
     {
         return Err(EngineError::Step("rope_kv: shapes do not agree".into()));
     }
+    let f16_pool = k_cache.kind() == Kind::Half;
     let (kp, vp) = (pool_ptr(k_cache)?, pool_ptr(v_cache)?);
-    let token = |t: usize, qp: *mut f32| {
+    // A float16 pool: each key and value head rounded from float32 here
+    // (as libtorch's conversion rounds: to nearest, ties to even).
+    let mut wide = vec![0f32; if f16_pool { d } else { 0 }];
+    let mut token = |t: usize, qp: *mut f32| {
         let row = &a[t * width..(t + 1) * width];
         let (ct, st) = (&c[t * d..(t + 1) * d], &s[t * d..(t + 1) * d]);
         let base = slots[t] as usize * kvh * d;
         for head in 0..h + 2 * kvh {
             let x = &row[head * d..(head + 1) * d];
-            let dst = if head < h {
-                // SAFETY (this and the two below): `qp` is the data of the
-                // fresh contiguous float32 tensor [n, heads, head_dim]
-                // (t < n, head < h); `kp` and `vp` of contiguous float32 CPU
-                // tensors [pool_rows, kv_heads, head_dim] (checked), with
-                // slot < pool_rows and the head's kv < kv_heads; so the d
-                // floats lie inside. Each is borrowed for its head alone,
-                // one head at a time; the pool is reached through `&mut
-                // KvPool` by the caller, so nothing reads it meanwhile.
+            if head < h {
+                // SAFETY: `qp` is the data of the fresh contiguous float32
+                // tensor [n, heads, head_dim] (t < n, head < h), so the d
+                // floats lie inside; borrowed for this head alone.
                 #[allow(unsafe_code)]
-                unsafe {
-                    qp.add((t * h + head) * d)
-                }
-            } else if head < h + kvh {
-                #[allow(unsafe_code)]
-                unsafe {
-                    kp.add(base + (head - h) * d)
-                }
-            } else {
-                #[allow(unsafe_code)]
-                unsafe {
-                    vp.add(base + (head - h - kvh) * d)
-                }
-            };
-            #[allow(unsafe_code)]
-            // SAFETY: see above; `x` (the step's qkv) is not the pool or q.
-            let out = unsafe { std::slice::from_raw_parts_mut(dst, d) };
-            if head < h + kvh {
+                let out = unsafe { std::slice::from_raw_parts_mut(qp.add((t * h + head) * d), d) };
                 rotate(x, ct, st, out);
+                continue;
+            }
+            let (pool, at) = if head < h + kvh {
+                (kp, base + (head - h) * d)
             } else {
-                out.copy_from_slice(x);
+                (vp, base + (head - h - kvh) * d)
+            };
+            let rotated = head < h + kvh;
+            if f16_pool {
+                let dst = pool.cast::<half::f16>();
+                // SAFETY (this and the float32 case): `kp` and `vp` are the
+                // data of contiguous CPU tensors [pool_rows, kv_heads,
+                // head_dim] of the pool's kind (checked), with slot <
+                // pool_rows and the head's kv < kv_heads, so the d elements
+                // lie inside. Each is borrowed for its head alone, one head
+                // at a time; the pool is reached through `&mut KvPool` by
+                // the caller, so nothing reads it meanwhile, and `x` (the
+                // step's qkv) is not the pool.
+                #[allow(unsafe_code)]
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.add(at), d) };
+                let src = if rotated {
+                    rotate(x, ct, st, &mut wide);
+                    &wide[..]
+                } else {
+                    x
+                };
+                use half::slice::HalfFloatSliceExt;
+                out.convert_from_f32_slice(src);
+            } else {
+                #[allow(unsafe_code)]
+                let out = unsafe { std::slice::from_raw_parts_mut(pool.cast::<f32>().add(at), d) };
+                if rotated {
+                    rotate(x, ct, st, out);
+                } else {
+                    out.copy_from_slice(x);
+                }
             }
         }
     };
@@ -241,9 +257,15 @@ fn rotate_halves(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
     }
 }
 
-fn pool_ptr(t: &Tensor) -> Result<*mut f32, EngineError> {
-    f32_view(t)?;
-    Ok(t.data_ptr().cast::<f32>())
+/// The data of a KV pool layer: a contiguous float32 or float16 CPU
+/// tensor.
+fn pool_ptr(t: &Tensor) -> Result<*mut u8, EngineError> {
+    if t.kind() == Kind::Half {
+        crate::attn::kv_view::<half::f16>(t)?;
+    } else {
+        f32_view(t)?;
+    }
+    Ok(t.data_ptr().cast::<u8>())
 }
 
 /// [`super::cuda_silu_mul`] on the CPU.
@@ -374,5 +396,18 @@ mod tests {
         // A slot outside the pool is an error, not a write.
         let bad = Tensor::from_slice(&[7i64, 0, 16]);
         assert!(super::rope_kv(&qkv, &cos, &ssin, &bad, &gk, &gv, heads, kvh, hd).is_err());
+        // A float16 pool: the same keys and values, each rounded as
+        // libtorch's conversion rounds them.
+        let half = (Kind::Half, Device::Cpu);
+        let (hk, hv) = (
+            Tensor::zeros([16, kvh, hd], half),
+            Tensor::zeros([16, kvh, hd], half),
+        );
+        let got =
+            super::rope_kv(&qkv, &cos, &ssin, &slots, &hk, &hv, heads, kvh, hd).expect("rope_kv");
+        assert_eq!(got, q.contiguous());
+        assert_eq!(hk, rk.to_kind(Kind::Half));
+        assert_eq!(hv, rv.to_kind(Kind::Half));
+        assert_ne!(hk.to_kind(Kind::Float), rk, "nothing was rounded");
     }
 }

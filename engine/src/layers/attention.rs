@@ -203,14 +203,22 @@ fn attend_stored(
                 .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
             softcap: lg.softcap.map(|c| c as f32),
         };
-        let (qs, ks, vs) = (
-            attn::f32_view(&qc)?,
-            attn::f32_view(kc)?,
-            attn::f32_view(vc)?,
-        );
-        let d = attn::f32_tensor(&[decodes.len() as i64, p.heads, p.head_dim], |out| {
-            attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
-        })?;
+        let qs = attn::f32_view(&qc)?;
+        let shape = [decodes.len() as i64, p.heads, p.head_dim];
+        let d = if kc.kind() == Kind::Half {
+            let (ks, vs) = (
+                attn::kv_view::<half::f16>(kc)?,
+                attn::kv_view::<half::f16>(vc)?,
+            );
+            attn::f32_tensor(&shape, |out| {
+                attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
+            })?
+        } else {
+            let (ks, vs) = (attn::kv_view::<f32>(kc)?, attn::kv_view::<f32>(vc)?);
+            attn::f32_tensor(&shape, |out| {
+                attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
+            })?
+        };
         // Only decodes (the common step): the kernel's output is it.
         if decodes.len() == b.seqs.len() {
             return Ok(d.f_view([n, width])?);
@@ -265,12 +273,16 @@ fn sdpa(
     let slots = Tensor::from_slice(slots).f_to_device(dev)?;
     let (kc, vc) = pool.layer(li);
     let q = q.f_transpose(0, 1)?.f_unsqueeze(0)?;
+    // A pool of another dtype than the model's (a float16 cache) is
+    // widened here, after the gather.
     let keys = kc
         .f_index_select(0, &slots)?
+        .f_to_kind(q.kind())?
         .f_transpose(0, 1)?
         .f_unsqueeze(0)?;
     let vals = vc
         .f_index_select(0, &slots)?
+        .f_to_kind(q.kind())?
         .f_transpose(0, 1)?
         .f_unsqueeze(0)?;
     let within = p.window.is_none_or(|w| len <= w);

@@ -129,9 +129,15 @@ pub trait Model: Send {
     /// Full logits [T, vocab] of a prompt run from scratch in a private
     /// pool (for tests and scoring).
     fn score(&self, tokens: &[u32]) -> Result<Tensor, EngineError> {
+        self.score_with_kv(tokens, self.kind())
+    }
+
+    /// [`Model::score`] with a pool of `kv_kind` elements (a float16 KV
+    /// cache on the CPU).
+    fn score_with_kv(&self, tokens: &[u32], kv_kind: Kind) -> Result<Tensor, EngineError> {
         let bs = 16;
         let blocks = (tokens.len() as i64 + bs - 1) / bs;
-        let mut pool = self.new_pool(blocks.max(1), bs)?;
+        let mut pool = self.new_pool(blocks.max(1), bs, kv_kind)?;
         let table: Vec<BlockId> = (0..blocks as BlockId).collect();
         let h = self.forward(
             &[SeqInput {
@@ -145,8 +151,14 @@ pub trait Model: Send {
         self.logits(&h)
     }
 
-    /// A KV pool shaped for this model.
-    fn new_pool(&self, num_blocks: i64, block_size: i64) -> Result<KvPool, EngineError> {
+    /// A KV pool shaped for this model, of `kind` elements (the model's
+    /// own, or float16 on a float32 CPU: see `KvCacheDtype`).
+    fn new_pool(
+        &self,
+        num_blocks: i64,
+        block_size: i64,
+        kind: Kind,
+    ) -> Result<KvPool, EngineError> {
         let s = self.kv_shape();
         KvPool::new(
             s.layers,
@@ -154,15 +166,15 @@ pub trait Model: Send {
             s.head_dim,
             num_blocks,
             block_size,
-            self.kind(),
+            kind,
             self.device(),
         )
     }
 
-    /// Bytes of KV cache one block of `block_size` tokens takes.
-    fn kv_bytes_per_block(&self, block_size: i64) -> i64 {
+    /// Bytes of KV cache one block of `block_size` tokens of `kind` takes.
+    fn kv_bytes_per_block(&self, block_size: i64, kind: Kind) -> i64 {
         let s = self.kv_shape();
-        crate::kv::bytes_per_block(s.layers, s.kv_heads, s.head_dim, block_size, self.kind())
+        crate::kv::bytes_per_block(s.layers, s.kv_heads, s.head_dim, block_size, kind)
     }
 
     /// Whether a decode step of this model can be captured in a CUDA graph

@@ -37,6 +37,8 @@ pub struct LoadDefaults {
     pub dequantize: bool,
     /// The quantized kernels' activations (`--quant-activations`).
     pub quant_activations: gyre_engine::Activations,
+    /// The KV cache's element type (`--kv-cache-dtype`).
+    pub kv_cache_dtype: gyre_engine::KvCacheDtype,
     pub text: TextOptions,
     pub load_progress: Option<Arc<dyn LoadProgress>>,
     /// The HuggingFace cache that hub ids are looked up in.
@@ -132,7 +134,10 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         block_size: d.block_size as u64,
         max_running: d.max_running as u64,
         num_blocks: d.num_kv_blocks.map(|n| n as u64),
-        element_bytes: bytes_per_element,
+        element_bytes: match d.kv_cache_dtype {
+            gyre_engine::KvCacheDtype::Float16 => 2,
+            _ => bytes_per_element,
+        },
     };
     let kv_budget = spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
     let embedding = gyre_engine::encoder::is_embedding_model(&resolved.path);
@@ -199,6 +204,7 @@ pub fn load(p: Planned, d: &LoadDefaults) -> Result<Entry, LoadError> {
     opts.queue_capacity = d.max_queue;
     opts.compute_threads = d.compute_threads;
     opts.load_options = d.load_options();
+    opts.kv_cache_dtype = d.kv_cache_dtype;
     opts.draft_model_dir = p.spec.draft.as_ref().map(std::path::PathBuf::from);
     let mut text = d.text.clone();
     if let Some(k) = p.spec.prompt_lookup {
