@@ -472,6 +472,31 @@ pub fn matmul_params(dir: &Path) -> Option<u64> {
     Some(s.layers * (2 * h * s.q + 2 * h * s.kv + 3 * h * s.inter) + s.vocab * h)
 }
 
+/// The arithmetic of one token through a Llama-style model, from its
+/// `config.json`, in FLOPs (2 per multiply-add).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenFlops {
+    /// The layers' projections (every token through the model).
+    pub layers: f64,
+    /// The LM head (only tokens whose logits are needed: each prompt's
+    /// last, and every decode step's).
+    pub head: f64,
+    /// Attention, per key a query sees: q . k and p . v over every layer's
+    /// query heads.
+    pub per_key: f64,
+}
+
+/// [`TokenFlops`] of the model in `dir`.
+pub fn token_flops(dir: &Path) -> Option<TokenFlops> {
+    let s = Shape::read(dir)?;
+    let h = s.hidden;
+    Some(TokenFlops {
+        layers: 2.0 * (s.layers * (2 * h * s.q + 2 * h * s.kv + 3 * h * s.inter)) as f64,
+        head: 2.0 * (s.vocab * h) as f64,
+        per_key: 4.0 * (s.layers * s.q) as f64,
+    })
+}
+
 /// Floats of KV cache one token keeps over all layers (keys and values),
 /// from a Llama-style `config.json`.
 pub fn kv_floats_per_token(dir: &Path) -> Option<u64> {
@@ -502,6 +527,10 @@ mod tests {
             Some(2 * 32064 * 512 + 8 * (layer + 2 * 512) + 512)
         );
         assert_eq!(super::kv_floats_per_token(&dir), Some(8 * 2 * 4 * 64));
+        let f = super::token_flops(&dir).expect("flops");
+        assert_eq!(f.layers, 2.0 * (8 * layer) as f64);
+        assert_eq!(f.head, 2.0 * (32064 * 512) as f64);
+        assert_eq!(f.per_key, 4.0 * (8 * 512) as f64);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -100,10 +100,12 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
             .reference(format!("{:.1} tok/s (batch {})", hf.tok_per_s, hf.batch))
             .compare(gyre / hf.tok_per_s, ">= 1.5", gyre >= 1.5 * hf.tok_per_s);
     }
-    // FLOP/s against the machine's f32 matrix-product peak: 2 x the
-    // matrices' parameters per token through the model (each request's
-    // prompt, then one step per output token but the last), at the output
-    // rate's pace; attention's arithmetic is left out, so this is a floor.
+    // FLOP/s against the machine's f32 matrix-product peak: the arithmetic
+    // a round does (each prompt through the layers, the LM head on its last
+    // token and on every decode step, attention over the keys each query
+    // sees), at the output rate's pace. Earlier versions counted 2 x the
+    // matrices' parameters for every token (the LM head on every prompt
+    // token too, attention left out): 5-6% more than is done here.
     let peak = if ctx.no_reference {
         None
     } else {
@@ -117,16 +119,25 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
     };
     let mut rows = vec![row];
     let mut extra = None;
-    if let (Some(peak), Some(params)) = (&peak, crate::run_cmd::matmul_params(&ctx.model_dir)) {
-        let per_output =
-            (sz.prompt_len + sz.output_len as usize - 1) as f64 / f64::from(sz.output_len.max(1));
-        let flops = |tok_per_s: f64| 2.0 * params as f64 * tok_per_s * per_output;
+    let shape = crate::run_cmd::token_flops(&ctx.model_dir)
+        .zip(crate::run_cmd::matmul_params(&ctx.model_dir))
+        .zip(crate::run_cmd::kv_floats_per_token(&ctx.model_dir));
+    if let (Some(peak), Some(((flops, params), kv))) = (&peak, shape) {
+        let load = S2Load {
+            streams: sz.s2_streams,
+            prompt: sz.prompt_len,
+            output: sz.output_len as usize,
+            flops,
+            params,
+            kv_floats_per_token: kv,
+        };
+        let flops = |tok_per_s: f64| load.flops_at(tok_per_s);
         let show = |f: f64| format!("{:.1} GFLOP/s, {:.0}%", f / 1e9, 100.0 * f / peak.flops);
         let share = flops(gyre) / peak.flops;
         let mut r = Row::new(
             "S2",
             &format!(
-                "{} streams: 2 x matrix params x tokens through the model / s vs f32 matmul peak ({})",
+                "{} streams: FLOPs done (layers on every token, LM head on the last prompt token and each step, attention) / s vs f32 matmul peak ({})",
                 sz.s2_streams,
                 peak.describe()
             ),
@@ -137,42 +148,35 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
             r = r.reference(show(flops(hf.tok_per_s)));
         }
         rows.push(r);
-        if let Some(kv) = crate::run_cmd::kv_floats_per_token(&ctx.model_dir) {
-            let threads = ctx.threads;
-            let read =
-                tokio::task::spawn_blocking(move || crate::ceilings::read_bandwidth(threads))
-                    .await
-                    .unwrap_or(f64::NAN);
-            let load = S2Load {
-                streams: sz.s2_streams,
-                prompt: sz.prompt_len,
-                output: sz.output_len as usize,
-                params,
-                kv_floats_per_token: kv,
-            };
-            let ceiling = flops(load.ceiling_tok_per_s(peak.flops, read));
-            rows.push(
-                Row::new(
-                    "S2",
-                    &format!(
-                        "{} streams: memory-bound ceiling (each decode step reads the f32 weights and KV cache at {:.1} GB/s read bandwidth, prompts at the peak) and gyre's share of it",
-                        sz.s2_streams,
-                        read / 1e9
-                    ),
-                )
-                .gyre(format!(
-                    "{:.1} GFLOP/s, {:.0}% of peak",
-                    ceiling / 1e9,
-                    100.0 * ceiling / peak.flops
-                ))
-                .value(flops(gyre) / ceiling),
-            );
-            extra = Some(json!({
-                "read_bandwidth_bytes_per_s": read,
-                "ceiling_flops": ceiling,
-                "kv_floats_per_token": kv,
-            }));
-        }
+        let threads = ctx.threads;
+        let read = tokio::task::spawn_blocking(move || crate::ceilings::read_bandwidth(threads))
+            .await
+            .unwrap_or(f64::NAN);
+        let ceiling = flops(load.ceiling_tok_per_s(peak.flops, read));
+        rows.push(
+            Row::new(
+                "S2",
+                &format!(
+                    "{} streams: memory-bound ceiling (each decode step reads the f32 weights and KV cache at {:.1} GB/s read bandwidth, prompts at the peak) and gyre's share of it",
+                    sz.s2_streams,
+                    read / 1e9
+                ),
+            )
+            .gyre(format!(
+                "{:.1} GFLOP/s, {:.0}% of peak",
+                ceiling / 1e9,
+                100.0 * ceiling / peak.flops
+            ))
+            .value(flops(gyre) / ceiling),
+        );
+        extra = Some(json!({
+            "read_bandwidth_bytes_per_s": read,
+            "ceiling_flops": ceiling,
+            "kv_floats_per_token": kv,
+            "round_flops": load.round_flops(),
+            "matmul_param_flops_per_round": 2.0 * params as f64
+                * (load.streams * (load.prompt + load.output - 1)) as f64,
+        }));
     }
     let latency = Row::new("S2", "TTFT p50/p99, ITL p50/p99 (ms)").gyre(format!(
         "{:.1}/{:.1}, {:.1}/{:.1}",
@@ -200,17 +204,46 @@ pub async fn s2(ctx: &Ctx) -> Outcome {
     Ok((rows, details))
 }
 
-/// S2's load, for its memory-bound ceiling.
+/// S2's load, for its FLOPs and its memory-bound ceiling.
 struct S2Load {
     streams: usize,
     prompt: usize,
     output: usize,
+    flops: crate::run_cmd::TokenFlops,
     /// Parameters of the matrices (f32 on the CPU: 4 bytes each).
     params: u64,
     kv_floats_per_token: u64,
 }
 
 impl S2Load {
+    /// The prompts' pass: every prompt token through the layers, attending
+    /// to the keys up to its own, and the LM head on each prompt's last.
+    fn prompt_flops(&self) -> f64 {
+        let (p, f) = (self.prompt as f64, &self.flops);
+        self.streams as f64 * (p * f.layers + f.head + f.per_key * p * (p + 1.0) / 2.0)
+    }
+
+    /// One decode step of every stream, each query seeing `context` keys.
+    fn step_flops(&self, context: usize) -> f64 {
+        let f = &self.flops;
+        self.streams as f64 * (f.layers + f.head + f.per_key * context as f64)
+    }
+
+    /// A round: the prompts' pass, then one decode step per output token
+    /// but the first (the prompts' pass yields it), the step for output
+    /// token s + 1 seeing prompt + s keys.
+    fn round_flops(&self) -> f64 {
+        self.prompt_flops()
+            + (1..self.output)
+                .map(|s| self.step_flops(self.prompt + s))
+                .sum::<f64>()
+    }
+
+    /// FLOP/s of rounds run at `tok_per_s` output tokens a second.
+    fn flops_at(&self, tok_per_s: f64) -> f64 {
+        self.round_flops() * tok_per_s / (self.streams * self.output.max(1)) as f64
+    }
+
     /// The output tokens per second of a round if every pass through the
     /// model took the longer of its arithmetic at `peak` FLOP/s and its
     /// reads at `read` bytes/s: the prompts' pass (all streams' prompt
@@ -220,12 +253,14 @@ impl S2Load {
         let weights = 4.0 * self.params as f64;
         let kv_token = 4.0 * self.kv_floats_per_token as f64;
         let streams = self.streams as f64;
-        let pass =
-            |tokens: f64, bytes: f64| (2.0 * self.params as f64 * tokens / peak).max(bytes / read);
-        let mut seconds = pass(streams * self.prompt as f64, weights);
+        let pass = |flops: f64, bytes: f64| (flops / peak).max(bytes / read);
+        let mut seconds = pass(self.prompt_flops(), weights);
         for s in 1..self.output {
-            let context = (self.prompt + s) as f64;
-            seconds += pass(streams, weights + streams * context * kv_token);
+            let context = self.prompt + s;
+            seconds += pass(
+                self.step_flops(context),
+                weights + streams * context as f64 * kv_token,
+            );
         }
         streams * self.output as f64 / seconds
     }
@@ -275,25 +310,49 @@ pub async fn reference_ttft(ctx: &Ctx, prompts: &[Vec<u32>]) -> anyhow::Result<O
 mod tests {
     use super::S2Load;
 
+    fn load() -> S2Load {
+        S2Load {
+            streams: 2,
+            prompt: 10,
+            output: 3,
+            flops: crate::run_cmd::TokenFlops {
+                layers: 1600.0,
+                head: 400.0,
+                per_key: 2.0,
+            },
+            params: 1000,
+            kv_floats_per_token: 5,
+        }
+    }
+
+    /// A round's FLOPs: the prompts' layers and causal attention and one
+    /// LM head each, then two steps over 11 and 12 keys.
+    #[test]
+    fn round_flops_count_what_each_pass_does() {
+        let l = load();
+        let prompts = 2.0 * (10.0 * 1600.0 + 400.0 + 2.0 * 55.0);
+        let steps = 2.0 * (2000.0 + 2.0 * 11.0) + 2.0 * (2000.0 + 2.0 * 12.0);
+        assert_eq!(l.round_flops(), prompts + steps);
+        // Six output tokens a round: at 6 tok/s, one round a second.
+        assert!((l.flops_at(6.0) - (prompts + steps)).abs() < 1e-9);
+    }
+
     /// Decode steps bound by their reads, the prompts' pass by its
     /// arithmetic: the ceiling is the tokens over the sum of both.
     #[test]
     fn ceiling_adds_the_prompt_pass_and_the_steps_reads() {
-        let load = S2Load {
-            streams: 2,
-            prompt: 10,
-            output: 3,
-            params: 1000,
-            kv_floats_per_token: 5,
-        };
+        let l = load();
         let (peak, read) = (1e6, 1e6);
-        // Prompts: 2 x 1000 x 20 FLOP = 40 ms (reads 4 ms); steps 1 and 2
-        // read 4000 B of weights + 2 x 11 (12) x 20 B of cache.
-        let want = 6.0 / (0.04 + (4000.0 + 440.0) / 1e6 + (4000.0 + 480.0) / 1e6);
-        let got = load.ceiling_tok_per_s(peak, read);
+        // Prompts: 33,020 FLOP = 33.02 ms (reads 4 ms); steps 1 and 2
+        // read 4000 B of weights + 2 x 11 (12) x 20 B of cache (their
+        // 4,044 and 4,048 FLOP take about 4 ms).
+        let prompts = 2.0 * (10.0 * 1600.0 + 400.0 + 2.0 * 55.0) / peak;
+        let want = 6.0 / (prompts + (4000.0 + 440.0) / 1e6 + (4000.0 + 480.0) / 1e6);
+        let got = l.ceiling_tok_per_s(peak, read);
         assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
         // A slow enough peak makes the steps compute-bound too.
-        let slow = load.ceiling_tok_per_s(1e3, read);
-        assert!((slow - 6.0 / (40.0 + 2.0 * 4.0)).abs() < 1e-9, "{slow}");
+        let slow = l.ceiling_tok_per_s(1e3, read);
+        let want = 6.0 / (1e3 * prompts + 4.044 + 4.048);
+        assert!((slow - want).abs() < 1e-9 * want, "{slow} vs {want}");
     }
 }
