@@ -318,6 +318,63 @@ GYRE_GEMV_SPLIT(2)
 GYRE_GEMV_SPLIT(4)
 GYRE_GEMV_SPLIT(8)
 
+// One row through a stacked gate/up weight w [2 inter, k] (gate rows
+// first) and the SiLU product: y[j] = bf16(bf16(silu(g)) * u) for j <
+// inter, g and u the bf16 sums of rows j and inter + j. Each row's sum is
+// taken in gyre_gemv1's order and rounded as it rounds its output, and the
+// product as gyre_silu_mul's, so the result is theirs bit for bit, in one
+// kernel instead of two and without the [2 inter] intermediate.
+extern "C" __global__ void gyre_gemv1_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                           bf16* __restrict__ y, int inter, int k) {
+  constexpr int U = 4;
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const int k8 = k >> 3;
+  const bool live = row < inter;
+  const long r = live ? row : 0;
+  const U4* gr = reinterpret_cast<const U4*>(w + r * k);
+  const U4* ur = reinterpret_cast<const U4*>(w + (r + inter) * k);
+  const U4* xr = reinterpret_cast<const U4*>(x);
+  U4 gv[U], uv[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int j = lane + u * 32;
+    bool in = live && j < k8;
+    gv[u] = in ? ld_stream(gr + j) : U4{0u, 0u, 0u, 0u};
+    uv[u] = in ? ld_stream(ur + j) : U4{0u, 0u, 0u, 0u};
+  }
+  dep_wait();
+  dep_launch();
+  if (!live) return;  // the whole warp
+  float ag = 0.0f, au = 0.0f;
+  for (int i = lane; i < k8; i += 32 * U) {
+    if (i != lane) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        int j = i + u * 32;
+        gv[u] = j < k8 ? ld_stream(gr + j) : U4{0u, 0u, 0u, 0u};
+        uv[u] = j < k8 ? ld_stream(ur + j) : U4{0u, 0u, 0u, 0u};
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int j = i + u * 32;
+      if (j < k8) {
+        U4 xv = xr[j];
+        ag = dot8(gv[u], xv, ag);
+        au = dot8(uv[u], xv, au);
+      }
+    }
+  }
+  ag = warp_sum(ag);
+  au = warp_sum(au);
+  if (lane == 0) {
+    // + 0.0f as gyre_gemv1 adds its (absent) bias: the same bits for -0.
+    float g = rd(ag + 0.0f), u = rd(au + 0.0f);
+    y[row] = st(rd(g / (1.0f + expf(-g))) * u);
+  }
+}
+
 extern "C" __global__ void gyre_gemv1_u8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                          int m, int n, int k) {
   gemv<1, 8>(x, w, bias, y, m, n, k);
@@ -641,7 +698,7 @@ struct Kernels {
   FnLaunchEx launch_ex = nullptr;
   CUfunction add_rms_norm = nullptr, rope_kv = nullptr, silu_mul = nullptr;
   CUfunction gemv[4] = {nullptr, nullptr, nullptr, nullptr};  // rows <= 1, 2, 4, 8
-  CUfunction gemv1_u8 = nullptr, gemv1_u16 = nullptr;
+  CUfunction gemv1_u8 = nullptr, gemv1_u16 = nullptr, gemv1_silu = nullptr;
   int gemv_unroll = 4;  // loads in flight per lane at one row (GYRE_GEMV_UNROLL)
   // One-row products with k >= gemv_split_min_k split each weight row over
   // gemv_split warps (GYRE_GEMV_SPLIT, GYRE_GEMV_SPLIT_MIN_K; 1: no split).
@@ -711,7 +768,8 @@ bool init_locked(Kernels& k, std::string& why) {
       get(&k.silu_mul, m, "gyre_silu_mul") || get(&k.gemv[0], m, "gyre_gemv1") ||
       get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
       get(&k.gemv[3], m, "gyre_gemv8") || get(&k.gemv1_u8, m, "gyre_gemv1_u8") ||
-      get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.gemv1_split[0], m, "gyre_gemv1_s2") ||
+      get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.gemv1_silu, m, "gyre_gemv1_silu") ||
+      get(&k.gemv1_split[0], m, "gyre_gemv1_s2") ||
       get(&k.gemv1_split[1], m, "gyre_gemv1_s4") || get(&k.gemv1_split[2], m, "gyre_gemv1_s8") ||
       get(&k.attn_split64, m, "gyre_attn_split64") ||
       get(&k.attn_combine64, m, "gyre_attn_combine64") ||
@@ -947,6 +1005,45 @@ int gyre_fused_gemv(const at::Tensor* x, const at::Tensor* w, const at::Tensor* 
     grid = static_cast<unsigned>((n + rows - 1) / rows);
   }
   if (!launch(f, grid, warps * 32, args, why)) {
+    put(err, err_len, why);
+    return 1;
+  }
+  return 0;
+}
+
+// y [1, inter] = silu(x . g^T) * (x . u^T) for x [1, k] and the stacked
+// w [2 inter, k] (gate rows first), bf16 contiguous CUDA, k % 8 == 0, x
+// and w 16-byte aligned; w is read before the kernel waits, as in
+// gyre_fused_gemv.
+int gyre_fused_gemv_silu(const at::Tensor* x, const at::Tensor* w, const at::Tensor* y,
+                         char* err, size_t err_len) {
+  std::string why;
+  auto& ks = kernels();
+  if (!ks.ready) {
+    put(err, err_len, "fused kernels not loaded");
+    return 1;
+  }
+  if (!is_bf16_cuda(*x) || !is_bf16_cuda(*w) || !is_bf16_cuda(*y) || x->dim() != 2 ||
+      w->dim() != 2 || y->dim() != 2) {
+    put(err, err_len, "gemv_silu wants contiguous 2-d bf16 CUDA tensors");
+    return 1;
+  }
+  int64_t k = x->size(1), inter = w->size(0) / 2;
+  if (x->size(0) != 1 || w->size(1) != k || w->size(0) != 2 * inter || y->size(0) != 1 ||
+      y->size(1) != inter || k % 8 != 0 || !aligned16(*x) || !aligned16(*w) ||
+      inter > (1 << 29) || k > (1 << 30)) {
+    put(err, err_len, "gemv_silu: shapes or alignment do not fit");
+    return 1;
+  }
+  if (inter == 0) return 0;
+  const void* xp = x->data_ptr();
+  const void* wp = w->data_ptr();
+  void* yp = y->data_ptr();
+  int ni = static_cast<int>(inter), ki = static_cast<int>(k);
+  void* args[] = {&xp, &wp, &yp, &ni, &ki};
+  constexpr unsigned warps = 8;
+  unsigned grid = static_cast<unsigned>((inter + warps - 1) / warps);
+  if (!launch(ks.gemv1_silu, grid, warps * 32, args, why)) {
     put(err, err_len, why);
     return 1;
   }

@@ -38,7 +38,10 @@
 //! `GYRE_GEMV_SPLIT=2`, `4` or `8` splits each weight row of one-row
 //! products with at least `GYRE_GEMV_SPLIT_MIN_K` columns (default 0) over
 //! that many warps, whose float32 sums are then added (for comparisons; not
-//! yet measured on a GPU, so off by default).
+//! yet measured on a GPU, so off by default). `GYRE_GEMV_SILU=1` runs a
+//! one-row MLP's gate/up product and SiLU product in one kernel
+//! ([`gemv_silu`]: the same bits, one launch and one intermediate fewer a
+//! layer; also not yet measured, so off by default).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -238,6 +241,43 @@ pub(crate) fn gemv(
     Ok(Some(y))
 }
 
+/// Whether one-row gate/up products take [`gemv_silu`]
+/// (`GYRE_GEMV_SILU=1`; off by default until measured on a GPU).
+fn gemv_silu_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GYRE_GEMV_SILU").is_ok_and(|v| v == "1"))
+}
+
+/// `silu(x G^T) * (x U^T)` for one row `x` [1, k] and a stacked gate/up
+/// weight `w` [2 inter, k] (gate rows first), in one kernel: [1, inter],
+/// bit for bit [`gemv`] then [`silu_mul`] (at the default unroll, no
+/// split). None when the kernel does not take these tensors or is off
+/// (`GYRE_GEMV_SILU`, and `GYRE_GEMV=0` turns it off too); `w` as in
+/// [`gemv`] must be a weight no kernel in flight writes.
+pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, EngineError> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let (xs, ws) = (x.size(), w.size());
+    if xs.len() != 2
+        || ws.len() != 2
+        || xs[0] != 1
+        || gemv_max_rows() < 1
+        || xs[1] != ws[1]
+        || xs[1] % 8 != 0
+        || ws[0] % 2 != 0
+        || !gemv_silu_on()
+        || !env_on("GYRE_GEMV", &ON)
+        || !usable(x)
+        || !usable(w)
+        || !(x.data_ptr() as usize).is_multiple_of(16)
+        || !(w.data_ptr() as usize).is_multiple_of(16)
+    {
+        return Ok(None);
+    }
+    let y = Tensor::f_empty([1, ws[0] / 2], (x.kind(), x.device()))?;
+    ffi::gemv_silu(x, w, &y)?;
+    Ok(Some(y))
+}
+
 /// How a decode attention call splits each sequence's keys: (keys per
 /// split, splits), aiming at two blocks per multiprocessor. A block scores
 /// 32 keys a round (4 warps of 8).
@@ -414,6 +454,13 @@ mod ffi {
             err: *mut c_char,
             len: usize,
         ) -> c_int;
+        fn gyre_fused_gemv_silu(
+            x: *const C_tensor,
+            w: *const C_tensor,
+            y: *const C_tensor,
+            err: *mut c_char,
+            len: usize,
+        ) -> c_int;
         fn gyre_fused_decode_attention(
             q: *const C_tensor,
             kc: *const C_tensor,
@@ -561,6 +608,13 @@ mod ffi {
         })
     }
 
+    pub(super) fn gemv_silu(x: &Tensor, w: &Tensor, y: &Tensor) -> Result<(), EngineError> {
+        // SAFETY: as above; the C side checks shapes and alignment.
+        call("gemv_silu", |e, n| unsafe {
+            gyre_fused_gemv_silu(ptr(x), ptr(w), ptr(y), e, n)
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn decode_attention(
         q: &Tensor,
@@ -654,6 +708,10 @@ mod ffi {
         _: Option<&Tensor>,
         _: &Tensor,
     ) -> Result<(), EngineError> {
+        Err(none())
+    }
+
+    pub(super) fn gemv_silu(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<(), EngineError> {
         Err(none())
     }
 

@@ -7,7 +7,8 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, gemv-split, profile, serve-smoke, bench, bench-sweep. Results go under $OUT (default /tmp/gyre-out).
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, profile, serve-smoke, bench,
+# bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gyre-out}
@@ -204,6 +205,18 @@ step_gemv_split() {
       steptime_run "$m" 1 128 ${e//,/ }
     done
   done 2>&1 | tee -a "$OUT/gemv-split.txt"
+}
+
+step_gemv_silu() {
+  # A one-row MLP's gate/up product and SiLU product in one kernel
+  # (GYRE_GEMV_SILU=1) against the two kernels: cuda_check's bit-for-bit
+  # comparison, then batch-1 decode on the 8B (alternating, both orders)
+  # and the 1B.
+  local e m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  echo "== cuda_check" 2>&1 | tee -a "$OUT/gemv-silu.txt"
+  $B/examples/cuda_check "$m1" 2>&1 | grep -E "silu|rror|panic" | tee -a "$OUT/gemv-silu.txt"
+  for e in 0 1 1 0; do steptime_run "$m8" 1 128 GYRE_GEMV_SILU=$e; done 2>&1 | tee -a "$OUT/gemv-silu.txt"
+  for e in 0 1; do steptime_run "$m1" 1 128 GYRE_GEMV_SILU=$e; done 2>&1 | tee -a "$OUT/gemv-silu.txt"
 }
 
 step_gemv_rows() {

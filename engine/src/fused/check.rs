@@ -97,6 +97,33 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
         ffi::gemv(&x, &w, bias, &got)?;
         out.push((format!("gemv {m}x{k} . {n}x{k}"), rel(&got, &reference)));
     }
+    // Gate/up and SiLU in one kernel against the matrix-vector kernel then
+    // the SiLU kernel: the same bits at the default unroll and no split
+    // (GYRE_GEMV_UNROLL, GYRE_GEMV_SPLIT change gemv's order of sums: then
+    // a bf16 step apart at most, named as the gemv rows are).
+    let default_order = std::env::var("GYRE_GEMV_UNROLL").map_or(true, |v| v == "4")
+        && std::env::var("GYRE_GEMV_SPLIT").map_or(true, |v| v == "1");
+    let label = if default_order {
+        "silu gemv"
+    } else {
+        "gemv + silu (another gemv order)"
+    };
+    for (inter, k) in [(1000i64, 4096i64), (1001, 2048)] {
+        let x = Tensor::f_randn([1, k], opts)?;
+        let w = Tensor::f_randn([2 * inter, k], opts)? * 0.05;
+        let gu = Tensor::f_empty([1, 2 * inter], opts)?;
+        ffi::gemv(&x, &w, None, &gu)?;
+        let reference = cuda_silu_mul(&gu, inter)?;
+        let got = Tensor::f_empty([1, inter], opts)?;
+        ffi::gemv_silu(&x, &w, &got)?;
+        out.push((
+            format!(
+                "{label} 1x{k} . {}x{k} (one kernel vs gemv then silu_mul)",
+                2 * inter
+            ),
+            rel(&got, &reference),
+        ));
+    }
     // Decode attention over the pool in place against flash attention over
     // the gathered keys: float32 sums in another order.
     for (heads, kv_heads, hd) in [(32i64, 8i64, 128i64), (9, 3, 64)] {

@@ -84,6 +84,16 @@ impl Linear {
         }
     }
 
+    /// `silu(x G^T) * (x U^T)` [1, inter] of a one-row `x` through a
+    /// stacked gate/up weight on CUDA, in one kernel
+    /// ([`crate::fused::gemv_silu`]); None where it does not apply.
+    pub fn gemv_silu(&self, x: &Tensor) -> Result<Option<Tensor>, EngineError> {
+        match &self.w {
+            Weight::Torch(w) if self.bias.is_none() => crate::fused::gemv_silu(x, w),
+            _ => Ok(None),
+        }
+    }
+
     fn dense(w: Tensor, be: &Backend) -> Result<Weight, EngineError> {
         Ok(if be.packed {
             Weight::Packed(gemm::Packed::new(&w)?)

@@ -104,6 +104,11 @@ impl GatedMlp {
         if let Some(a) = self.gate_up.forward_silu(x, be)? {
             return self.down.forward(&a, be);
         }
+        if matches!(self.act, Act::Silu)
+            && let Some(a) = self.gate_up.gemv_silu(x)?
+        {
+            return self.down.forward(&a, be);
+        }
         let gu = self.gate_up.forward(x, be)?;
         if matches!(self.act, Act::Silu)
             && let Some(a) = crate::fused::silu_mul(&gu, self.inter)?
