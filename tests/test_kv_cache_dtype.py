@@ -22,31 +22,26 @@ GGUF = "smollm2-135m-instruct.gguf"
 REFS = harness.REPO / ".gyre" / "gguf-ref" / "manifest.json"
 
 
-def served(*args: str) -> tuple[int, str]:
-    """KV blocks of a server started with a 64 MiB cache and `args`, and its
-    greedy answer to the France question."""
+def served(start, *args: str) -> tuple[int, str]:
+    """KV blocks of a server started (by the `module_server` factory) with
+    a 64 MiB cache and `args`, and its greedy answer to the France
+    question."""
     case = json.loads(harness.require_file(REFS, "the GGUF references (make models)").read_text())
     case = case["transformers"]["cases"][0]
-    server = harness.serve(GGUF, "--kv-cache-mib", "64", *args)
-    try:
-        [s] = harness.buf_curl(server.grpc, "gyre.v1.Generation/GetStats", {}).ok().messages
-        model = harness.http_json(server.http, "/v1/models").json()["data"][0]["id"]
-        chat = harness.http_json(server.http, "/v1/chat/completions", {
-            "model": model, "temperature": 0, "max_tokens": 48, "messages": case["messages"]})
-        assert chat.status == 200, chat.body
-        answer = chat.json()["choices"][0]["message"]["content"]
-    finally:
-        server.stop()
-        log = server.stderr()
-        server.remove_log()
-    assert "panicked" not in log, log[-4000:]
+    server = start(GGUF, "--kv-cache-mib", "64", *args)
+    [s] = harness.buf_curl(server.grpc, "gyre.v1.Generation/GetStats", {}).ok().messages
+    model = harness.http_json(server.http, "/v1/models").json()["data"][0]["id"]
+    chat = harness.http_json(server.http, "/v1/chat/completions", {
+        "model": model, "temperature": 0, "max_tokens": 48, "messages": case["messages"]})
+    assert chat.status == 200, chat.body
+    answer = chat.json()["choices"][0]["message"]["content"]
     assert answer == case["answer"], (args, answer, case["answer"])
     return int(s["kvBlocksTotal"]), answer
 
 
-def test_a_float16_cache_holds_twice_the_tokens_and_answers_alike():
-    full, answer = served()
-    half, answer_f16 = served("--kv-cache-dtype", "f16")
+def test_a_float16_cache_holds_twice_the_tokens_and_answers_alike(module_server):
+    full, answer = served(module_server)
+    half, answer_f16 = served(module_server, "--kv-cache-dtype", "f16")
     assert full > 0 and half == 2 * full, (full, half)
     assert "Paris" in answer_f16 and answer_f16 == answer
 

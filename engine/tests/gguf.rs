@@ -104,16 +104,7 @@ fn smollm2_gguf_runs_like_transformers() {
     let _guard = tch::no_grad_guard();
     let m = manifest();
     let reference = &m["transformers"];
-    let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
-    // transformers dequantizes the file: so does gyre here (the quantized
-    // kernels are compared with this path in `gguf_quant.rs`).
-    let dequantized = gyre_engine::LoadOptions {
-        dequantize: true,
-        ..Default::default()
-    };
-    let model =
-        gyre_engine::internals::load_model_with(&path, gyre_engine::DeviceChoice::Cpu, dequantized)
-            .expect("loads");
+    let (path, dequantized, model) = smollm2_dequantized(&m);
     assert_eq!(model.config().num_layers, 30);
     let vocab = reference["vocab"].as_u64().expect("vocab") as usize;
     let cases = reference["cases"].as_array().expect("cases");
@@ -166,6 +157,27 @@ fn smollm2_gguf_runs_like_transformers() {
         "SmolLM2 GGUF: {} greedy 48-token continuations identical to transformers",
         cases.len()
     );
+}
+
+/// The reference GGUF's path, the load options transformers' reading of
+/// it matches (every weight dequantized; the quantized kernels are
+/// compared with this path in `gguf_quant.rs`), and the model so loaded.
+fn smollm2_dequantized(
+    m: &Value,
+) -> (
+    PathBuf,
+    gyre_engine::LoadOptions,
+    Box<dyn gyre_engine::internals::Model>,
+) {
+    let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
+    let dequantized = gyre_engine::LoadOptions {
+        dequantize: true,
+        ..Default::default()
+    };
+    let model =
+        gyre_engine::internals::load_model_with(&path, gyre_engine::DeviceChoice::Cpu, dequantized)
+            .expect("loads");
+    (path, dequantized, model)
 }
 
 /// The ids of a JSON array.
@@ -243,14 +255,7 @@ fn smollm2_gguf_with_a_float16_kv_cache_stays_near_transformers() {
     let _guard = tch::no_grad_guard();
     let m = manifest();
     let reference = &m["transformers"];
-    let path = PathBuf::from(m["gguf"].as_str().expect("gguf path"));
-    let dequantized = gyre_engine::LoadOptions {
-        dequantize: true,
-        ..Default::default()
-    };
-    let model =
-        gyre_engine::internals::load_model_with(&path, gyre_engine::DeviceChoice::Cpu, dequantized)
-            .expect("loads");
+    let (path, dequantized, model) = smollm2_dequantized(&m);
     let cases = reference["cases"].as_array().expect("cases");
     let first = ids(&cases[0]["prompt_ids"]);
     let file = |key: &str| {

@@ -92,8 +92,8 @@ impl KvElem for half::f16 {
     }
 }
 
-/// Borrows a contiguous CPU tensor of `T`'s kind (a KV pool layer) as a
-/// slice.
+/// Borrows a contiguous CPU tensor of `T`'s kind (a KV pool layer, any
+/// float32 tensor) as a slice.
 #[allow(unsafe_code)]
 pub(crate) fn kv_view<T: KvElem>(t: &Tensor) -> Result<&[T], EngineError> {
     if t.kind() != T::KIND || t.device() != Device::Cpu || !t.is_contiguous() {
@@ -108,30 +108,16 @@ pub(crate) fn kv_view<T: KvElem>(t: &Tensor) -> Result<&[T], EngineError> {
     if n == 0 {
         return Ok(&[]);
     }
-    // SAFETY: as `f32_view`: `n` initialised, aligned elements of `T`'s
-    // kind, borrowed with `t` and not written while the borrow lives.
+    // SAFETY: the tensor is a contiguous CPU tensor of `n` elements of
+    // `T`'s kind, so its data pointer addresses `n` initialised, aligned
+    // `T` values. The slice borrows `t`, and the storage is only written
+    // through `&mut KvPool` / fresh tensors, never while this borrow lives.
     Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, n) })
 }
 
 /// Borrows a contiguous float32 CPU tensor as a slice.
-#[allow(unsafe_code)]
 pub(crate) fn f32_view(t: &Tensor) -> Result<&[f32], EngineError> {
-    if t.kind() != Kind::Float || t.device() != Device::Cpu || !t.is_contiguous() {
-        return Err(EngineError::Step(format!(
-            "expected a contiguous float32 CPU tensor, got {:?} on {:?}",
-            t.kind(),
-            t.device()
-        )));
-    }
-    let n = t.numel();
-    if n == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: the tensor is a contiguous float32 CPU tensor of `n` elements,
-    // so its data pointer addresses `n` initialised, aligned f32 values. The
-    // slice borrows `t`, and the storage is only written through
-    // `&mut KvPool` / fresh tensors, never while this borrow lives.
-    Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, n) })
+    kv_view::<f32>(t)
 }
 
 /// A new float32 CPU tensor of `shape`, zeroed, with `fill` run on its
@@ -382,14 +368,7 @@ fn one_seq_body<T: KvElem>(
     for g in gs.clone() {
         let qg = &qrow[g * group * hd..][..group * hd];
         for (j, &slot) in s.slots.iter().enumerate() {
-            let raw = &k[(slot as usize * h.kv_heads + g) * hd..][..hd];
-            let key = match T::as_f32(raw) {
-                Some(key) => key,
-                None => {
-                    T::widen(raw, &mut wide);
-                    &wide
-                }
-            };
+            let key = as_f32(&k[(slot as usize * h.kv_heads + g) * hd..][..hd], &mut wide);
             for (i, qh) in qg.chunks_exact(hd).enumerate() {
                 scores[i * t + j] = dot(qh, key) * scale;
             }
@@ -398,17 +377,22 @@ fn one_seq_body<T: KvElem>(
         let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         og.fill(0.0);
         for (j, &slot) in s.slots.iter().enumerate() {
-            let raw = &v[(slot as usize * h.kv_heads + g) * hd..][..hd];
-            let val = match T::as_f32(raw) {
-                Some(val) => val,
-                None => {
-                    T::widen(raw, &mut wide);
-                    &wide
-                }
-            };
+            let val = as_f32(&v[(slot as usize * h.kv_heads + g) * hd..][..hd], &mut wide);
             for (i, oh) in og.chunks_exact_mut(hd).enumerate() {
                 axpy(oh, scores[i * t + j], val);
             }
+        }
+    }
+}
+
+/// `row` as float32: itself, or widened into `wide` (of its length).
+#[inline(always)]
+fn as_f32<'a, T: KvElem>(row: &'a [T], wide: &'a mut [f32]) -> &'a [f32] {
+    match T::as_f32(row) {
+        Some(row) => row,
+        None => {
+            T::widen(row, wide);
+            wide
         }
     }
 }
