@@ -71,7 +71,8 @@ fn main() {
     if std::env::var_os("OMP_WAIT_POLICY").is_none() {
         println!("note: OMP_WAIT_POLICY is unset; the gyre binary sets it to PASSIVE (see above)");
     }
-    // The small-page engine, if any, loads first and runs second.
+    // The compared engine (small pages, or a float16 cache), if any, loads
+    // first and runs second.
     let kv_ab = std::env::var("KV_AB").is_ok_and(|v| v == "1");
     let small = if kv_ab {
         let mut b = o.clone();

@@ -165,6 +165,18 @@ impl KvCacheDtype {
     }
 }
 
+impl KvCacheDtype {
+    /// Bytes an element of the cache takes for a model whose own elements
+    /// take `model_bytes` (for memory budgets before the model loads).
+    pub fn element_bytes(self, model_bytes: u64) -> u64 {
+        match self {
+            Self::Auto => model_bytes,
+            Self::Float32 => 4,
+            Self::Float16 => 2,
+        }
+    }
+}
+
 impl std::str::FromStr for KvCacheDtype {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -442,6 +442,13 @@ impl Shape {
         })
     }
 
+    /// Parameters of every layer's projections (q, k, v, o; gate, up,
+    /// down), the LM head and embedding not included.
+    fn layer_matrix_params(&self) -> u64 {
+        let h = self.hidden;
+        self.layers * (2 * h * self.q + 2 * h * self.kv + 3 * h * self.inter)
+    }
+
     fn flag(&self, key: &str) -> bool {
         self.config.get(key).and_then(Value::as_bool) == Some(true)
     }
@@ -468,8 +475,7 @@ pub fn param_count(dir: &Path) -> Option<u64> {
 /// matrices). For the FLOP/s of S2 (2 per parameter per token).
 pub fn matmul_params(dir: &Path) -> Option<u64> {
     let s = Shape::read(dir)?;
-    let h = s.hidden;
-    Some(s.layers * (2 * h * s.q + 2 * h * s.kv + 3 * h * s.inter) + s.vocab * h)
+    Some(s.layer_matrix_params() + s.vocab * s.hidden)
 }
 
 /// The arithmetic of one token through a Llama-style model, from its
@@ -489,10 +495,9 @@ pub struct TokenFlops {
 /// [`TokenFlops`] of the model in `dir`.
 pub fn token_flops(dir: &Path) -> Option<TokenFlops> {
     let s = Shape::read(dir)?;
-    let h = s.hidden;
     Some(TokenFlops {
-        layers: 2.0 * (s.layers * (2 * h * s.q + 2 * h * s.kv + 3 * h * s.inter)) as f64,
-        head: 2.0 * (s.vocab * h) as f64,
+        layers: 2.0 * s.layer_matrix_params() as f64,
+        head: 2.0 * (s.vocab * s.hidden) as f64,
         per_key: 4.0 * (s.layers * s.q) as f64,
     })
 }

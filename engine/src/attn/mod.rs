@@ -175,6 +175,36 @@ pub(crate) fn decode<T: KvElem>(
     out
 }
 
+/// [`decode`] over a pool layer's key and value tensors (float32 or
+/// float16: see [`KvElem`]) into a new [seqs.len(), heads, head_dim]
+/// float32 tensor.
+pub(crate) fn decode_pool(
+    q: &[f32],
+    k: &Tensor,
+    v: &Tensor,
+    seqs: &[DecodeSeq<'_>],
+    h: Heads,
+    workers: Option<&crate::workers::Workers>,
+) -> Result<Tensor, EngineError> {
+    fn run<T: KvElem>(
+        q: &[f32],
+        k: &Tensor,
+        v: &Tensor,
+        seqs: &[DecodeSeq<'_>],
+        h: Heads,
+        workers: Option<&crate::workers::Workers>,
+    ) -> Result<Tensor, EngineError> {
+        let (ks, vs) = (kv_view::<T>(k)?, kv_view::<T>(v)?);
+        let shape = [seqs.len() as i64, h.heads as i64, h.head_dim as i64];
+        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
+    }
+    if k.kind() == Kind::Half {
+        run::<half::f16>(q, k, v, seqs, h, workers)
+    } else {
+        run::<f32>(q, k, v, seqs, h, workers)
+    }
+}
+
 /// [`decode`] into `out` (seqs.len() * heads * head_dim floats).
 pub(crate) fn decode_into<T: KvElem>(
     q: &[f32],

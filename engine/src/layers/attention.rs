@@ -203,22 +203,14 @@ fn attend_stored(
                 .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
             softcap: lg.softcap.map(|c| c as f32),
         };
-        let qs = attn::f32_view(&qc)?;
-        let shape = [decodes.len() as i64, p.heads, p.head_dim];
-        let d = if kc.kind() == Kind::Half {
-            let (ks, vs) = (
-                attn::kv_view::<half::f16>(kc)?,
-                attn::kv_view::<half::f16>(vc)?,
-            );
-            attn::f32_tensor(&shape, |out| {
-                attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
-            })?
-        } else {
-            let (ks, vs) = (attn::kv_view::<f32>(kc)?, attn::kv_view::<f32>(vc)?);
-            attn::f32_tensor(&shape, |out| {
-                attn::decode_into(qs, ks, vs, &decodes, heads, Some(&be.pool), out)
-            })?
-        };
+        let d = attn::decode_pool(
+            attn::f32_view(&qc)?,
+            kc,
+            vc,
+            &decodes,
+            heads,
+            Some(&be.pool),
+        )?;
         // Only decodes (the common step): the kernel's output is it.
         if decodes.len() == b.seqs.len() {
             return Ok(d.f_view([n, width])?);

@@ -134,10 +134,7 @@ pub fn plan(spec: ModelSpec, d: &LoadDefaults) -> Result<Planned, LoadError> {
         block_size: d.block_size as u64,
         max_running: d.max_running as u64,
         num_blocks: d.num_kv_blocks.map(|n| n as u64),
-        element_bytes: match d.kv_cache_dtype {
-            gyre_engine::KvCacheDtype::Float16 => 2,
-            _ => bytes_per_element,
-        },
+        element_bytes: d.kv_cache_dtype.element_bytes(bytes_per_element),
     };
     let kv_budget = spec.kv_cache_mib.unwrap_or(d.kv_cache_mib) << 20;
     let embedding = gyre_engine::encoder::is_embedding_model(&resolved.path);
