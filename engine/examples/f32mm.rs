@@ -9,6 +9,10 @@
 //! see `gyre/src/main.rs`): without them each call's output (100 MB for the
 //! head at 512 rows) is a fresh mapping whose pages fault in during the
 //! product, and 512 rows measured 290-330 GFLOP/s instead of 400-460.
+//!
+//! `F32MM_CACHED=1` times one copy of each weight, which the caches hold
+//! (the head's does not), instead of cycling through copies that overflow
+//! them: the arithmetic's own rate, without the memory stream.
 use gyre_engine::internals::time_f32_matmul;
 
 fn main() {
@@ -19,6 +23,7 @@ fn main() {
         .unwrap_or_else(|| vec![1, 16, 512]);
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let cached = std::env::var("F32MM_CACHED").is_ok_and(|v| v == "1");
     for &m in &rows {
         for (name, n, k) in [
             ("qkv", 960, 576usize),
@@ -27,7 +32,7 @@ fn main() {
             ("head", 49152, 576),
         ] {
             let it = (iters * 64 / m.max(1)).max(3);
-            let ms = time_f32_matmul(n, k, m, threads, it).expect("timing");
+            let ms = time_f32_matmul(n, k, m, threads, it, cached).expect("timing");
             println!(
                 "m={m} {name} [{n}x{k}]: {ms:.3} ms ({:.1} GFLOP/s)",
                 2.0 * (m * n * k) as f64 / ms / 1e6
