@@ -163,9 +163,7 @@ impl KvCacheDtype {
             ))),
         }
     }
-}
 
-impl KvCacheDtype {
     /// Bytes an element of the cache takes for a model whose own elements
     /// take `model_bytes` (for memory budgets before the model loads).
     pub fn element_bytes(self, model_bytes: u64) -> u64 {

@@ -186,22 +186,13 @@ pub(crate) fn decode_pool(
     h: Heads,
     workers: Option<&crate::workers::Workers>,
 ) -> Result<Tensor, EngineError> {
-    fn run<T: KvElem>(
-        q: &[f32],
-        k: &Tensor,
-        v: &Tensor,
-        seqs: &[DecodeSeq<'_>],
-        h: Heads,
-        workers: Option<&crate::workers::Workers>,
-    ) -> Result<Tensor, EngineError> {
-        let (ks, vs) = (kv_view::<T>(k)?, kv_view::<T>(v)?);
-        let shape = [seqs.len() as i64, h.heads as i64, h.head_dim as i64];
-        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
-    }
+    let shape = [seqs.len() as i64, h.heads as i64, h.head_dim as i64];
     if k.kind() == Kind::Half {
-        run::<half::f16>(q, k, v, seqs, h, workers)
+        let (ks, vs) = (kv_view::<half::f16>(k)?, kv_view::<half::f16>(v)?);
+        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
     } else {
-        run::<f32>(q, k, v, seqs, h, workers)
+        let (ks, vs) = (kv_view::<f32>(k)?, kv_view::<f32>(v)?);
+        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
     }
 }
 
