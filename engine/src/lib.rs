@@ -37,6 +37,7 @@ mod sampler;
 mod sampler_device;
 mod scheduler;
 mod sequence;
+mod simd;
 mod speculate;
 mod worker;
 mod workers;

@@ -8,6 +8,7 @@ use tch::{Kind, Tensor};
 
 use crate::EngineError;
 use crate::attn::{f32_tensor, f32_view};
+use crate::simd::{Simd, simd};
 
 fn rows_of(x: &Tensor) -> (usize, usize) {
     let width = x.size().last().copied().unwrap_or(0).max(0) as usize;
@@ -51,16 +52,17 @@ pub(crate) fn add_rms_norm(
             eps: eps as f32,
             hidden,
         };
-        #[cfg(target_arch = "x86_64")]
-        if *HAS_AVX512 {
+        match simd() {
+            #[cfg(target_arch = "x86_64")]
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F (checked at run time).
-            unsafe {
-                norm_rows_avx512(&args, rows, hs, ss)
-            };
-            return Ok((sum.unwrap_or_else(|| x.shallow_clone()), h));
+            Simd::Avx512 => unsafe { norm_rows_avx512(&args, rows, hs, ss) },
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            Simd::Avx2 => unsafe { norm_rows_avx2(&args, rows, hs, ss) },
+            _ => norm_rows(&args, rows, hs, ss),
         }
-        norm_rows(&args, rows, hs, ss);
     }
     Ok((sum.unwrap_or_else(|| x.shallow_clone()), h))
 }
@@ -76,6 +78,12 @@ struct NormArgs<'a> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn norm_rows_avx512(a: &NormArgs<'_>, rows: usize, h: &mut [f32], sum: Option<&mut [f32]>) {
+    norm_rows(a, rows, h, sum);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn norm_rows_avx2(a: &NormArgs<'_>, rows: usize, h: &mut [f32], sum: Option<&mut [f32]>) {
     norm_rows(a, rows, h, sum);
 }
 
@@ -219,21 +227,28 @@ pub(crate) fn rope_kv(
 /// its own loop so that both vectorise (the same products and sum per
 /// element as the formula, so the same bits).
 fn rotate(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX512 {
+    match simd() {
+        #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX-512F (checked at run time).
-        unsafe {
-            rotate_avx512(x, c, s, out)
-        };
-        return;
+        Simd::Avx512 => unsafe { rotate_avx512(x, c, s, out) },
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        Simd::Avx2 => unsafe { rotate_avx2(x, c, s, out) },
+        _ => rotate_halves(x, c, s, out),
     }
-    rotate_halves(x, c, s, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn rotate_avx512(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
+    rotate_halves(x, c, s, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn rotate_avx2(x: &[f32], c: &[f32], s: &[f32], out: &mut [f32]) {
     rotate_halves(x, c, s, out);
 }
 
@@ -277,26 +292,29 @@ pub(crate) fn silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
     }
     let a = f32_view(gu)?;
     f32_tensor(&[n as i64, inter], |out| {
-        #[cfg(target_arch = "x86_64")]
-        if *HAS_AVX512 {
+        match simd() {
+            #[cfg(target_arch = "x86_64")]
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F (checked at run time).
-            unsafe {
-                silu_rows_avx512(a, out, i, width)
-            };
-            return;
+            Simd::Avx512 => unsafe { silu_rows_avx512(a, out, i, width) },
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            Simd::Avx2 => unsafe { silu_rows_avx2(a, out, i, width) },
+            _ => silu_rows(a, out, i, width),
         }
-        silu_rows(a, out, i, width);
     })
 }
 
 #[cfg(target_arch = "x86_64")]
-static HAS_AVX512: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
-
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn silu_rows_avx512(a: &[f32], out: &mut [f32], i: usize, width: usize) {
+    silu_rows(a, out, i, width);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn silu_rows_avx2(a: &[f32], out: &mut [f32], i: usize, width: usize) {
     silu_rows(a, out, i, width);
 }
 

@@ -4,12 +4,12 @@
 
 use tch::Tensor;
 
-#[cfg(target_arch = "x86_64")]
-use super::available_cached;
 use super::{
     NR, PANELS1, Packed, SG, SendPtr, Workers, input_rows, kernel_one_row, pack, weight_rows,
 };
 use crate::EngineError;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Simd, simd};
 
 impl Packed {
     /// Packs a stacked gate/up weight [2 * inter, k] (gate rows first) for
@@ -149,23 +149,30 @@ impl Packed {
     }
 }
 
-/// [`crate::fused::silu_mul_slice`] with AVX-512 where the CPU has it.
+/// [`crate::fused::silu_mul_slice`] compiled for the widest vectors the
+/// CPU has (the same operations, so the same results).
 fn silu_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if available_cached() {
+    match simd() {
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX-512F (checked).
-        unsafe {
-            silu_avx512(g, u, out)
-        };
-        return;
+        Simd::Avx512 => return unsafe { silu_avx512(g, u, out) },
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 and FMA (checked).
+        Simd::Avx2 => return unsafe { silu_avx2(g, u, out) },
+        Simd::None => {}
     }
     crate::fused::silu_mul_slice(g, u, out);
 }
 
-/// [`crate::fused::silu_mul_slice`] compiled for AVX-512 (vectorised).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn silu_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+    crate::fused::silu_mul_slice(g, u, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn silu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
     crate::fused::silu_mul_slice(g, u, out);
 }

@@ -1,4 +1,5 @@
-//! Linear layers on the CPU with pre-packed weights (AVX-512).
+//! Linear layers on the CPU with pre-packed weights (AVX-512, or AVX2 with
+//! FMA where the CPU lacks AVX-512).
 //!
 //! libtorch's CPU `linear` goes to MKL, which repacks the whole weight
 //! matrix on every call. A decode step multiplies a few rows of activations
@@ -18,11 +19,19 @@
 //! single chain over all of k drifts with its length (on SmolLM2's 30 layers
 //! it put logits 1.6e-4 from a float64 run, against transformers' own
 //! 9.3e-5); blocks of 128 bring that to 5.8e-5.
+//!
+//! Without AVX-512 (AMD before Zen 4, most Intel desktop parts), the AVX2
+//! kernels keep the same packing and the same order of operations per
+//! element, so their results equal the AVX-512 kernels' to the bit; with
+//! half as many registers, half as wide, a register tile covers 4 rows by
+//! 16 columns (half a panel) and a one-row product takes its panels two at
+//! a time.
 
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
 use crate::pages::Pages;
+use crate::simd::{Simd, simd};
 
 pub(crate) use crate::workers::Workers;
 
@@ -41,16 +50,9 @@ const PANELS1: usize = 4;
 /// output (see the module comment).
 const KC: usize = 128;
 
-/// Whether this CPU can run the kernel.
+/// Whether this CPU can run one of the kernels (AVX-512F, or AVX2 and FMA).
 pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    simd() != Simd::None
 }
 
 /// A weight [n, k] (as in `y = x W^T`) packed into panels of `NR` columns:
@@ -251,7 +253,7 @@ pub fn time_matmul(
 ) -> Result<f64, EngineError> {
     if !available() {
         return Err(EngineError::Unsupported(
-            "the packed f32 kernel needs AVX-512F".into(),
+            "the packed f32 kernel needs AVX-512F, or AVX2 and FMA".into(),
         ));
     }
     if n == 0 || k == 0 || m == 0 {
@@ -321,24 +323,37 @@ fn kernel(
     debug_assert!(rows <= MR && x.len() >= rows * k && w.len() >= k * NR);
     debug_assert!(k0 < k1 && k1 <= k && k1 - k0 <= KC && tile.len() >= rows * NR);
     #[cfg(target_arch = "x86_64")]
-    if available_cached() {
-        #[allow(unsafe_code)]
-        // SAFETY: the CPU has AVX-512F (checked); the slices hold rows * k
-        // and k * NR floats and the tile rows * NR (asserted above).
-        unsafe {
-            let f = match rows {
-                8 => avx512::block::<8>,
-                7 => avx512::block::<7>,
-                6 => avx512::block::<6>,
-                5 => avx512::block::<5>,
-                4 => avx512::block::<4>,
-                3 => avx512::block::<3>,
-                2 => avx512::block::<2>,
-                _ => avx512::block::<1>,
-            };
-            f(x, k, k0, k1, w, tile, prefetch);
+    match simd() {
+        Simd::Avx512 => {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX-512F (checked); the slices hold rows * k
+            // and k * NR floats and the tile rows * NR (asserted above).
+            unsafe {
+                let f = match rows {
+                    8 => avx512::block::<8>,
+                    7 => avx512::block::<7>,
+                    6 => avx512::block::<6>,
+                    5 => avx512::block::<5>,
+                    4 => avx512::block::<4>,
+                    3 => avx512::block::<3>,
+                    2 => avx512::block::<2>,
+                    _ => avx512::block::<1>,
+                };
+                f(x, k, k0, k1, w, tile, prefetch);
+            }
+            return;
         }
-        return;
+        Simd::Avx2 => {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and FMA (checked); the slices hold
+            // rows * k and k * NR floats and the tile rows * NR (asserted
+            // above).
+            unsafe {
+                avx2::rows(x, k, rows, k0, k1, w, tile, prefetch);
+            }
+            return;
+        }
+        Simd::None => {}
     }
     let _ = prefetch;
     portable(x, k, rows, k0, k1, w, tile);
@@ -352,14 +367,26 @@ fn kernel(
 fn kernel_one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
     debug_assert!(x.len() >= k && w.len() >= PANELS1 * k * NR);
     #[cfg(target_arch = "x86_64")]
-    if available_cached() {
-        #[allow(unsafe_code)]
-        // SAFETY: the CPU has AVX-512F (checked); `x` holds k floats and `w`
-        // PANELS1 panels of k * NR (asserted by the caller's construction).
-        unsafe {
-            avx512::one_row(x, k, w, tile);
+    match simd() {
+        Simd::Avx512 => {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX-512F (checked); `x` holds k floats and
+            // `w` PANELS1 panels of k * NR (asserted above).
+            unsafe {
+                avx512::one_row(x, k, w, tile);
+            }
+            return;
         }
-        return;
+        Simd::Avx2 => {
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2 and FMA (checked); `x` holds k floats
+            // and `w` PANELS1 panels of k * NR (asserted above).
+            unsafe {
+                avx2::one_row(x, k, w, tile);
+            }
+            return;
+        }
+        Simd::None => {}
     }
     for (q, t) in tile.chunks_exact_mut(NR).enumerate() {
         let panel = &w[q * k * NR..(q + 1) * k * NR];
@@ -388,12 +415,6 @@ fn portable(x: &[f32], k: usize, rows: usize, k0: usize, k1: usize, w: &[f32], t
             *tv = if k0 == 0 { a } else { *tv + a };
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn available_cached() -> bool {
-    static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(available);
-    *HAS
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -510,6 +531,175 @@ mod avx512 {
     }
 }
 
+/// The AVX2 kernels: the AVX-512 ones' arithmetic in 8-float vectors, over
+/// half a panel (16 columns) per register tile, since AVX2 has 16
+/// registers where AVX-512 has 32.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{KC, NR, PANELS1};
+
+    /// Rows per register tile: 4 rows x 16 columns is 8 accumulators, as
+    /// many chains as keep two FMA units busy at four cycles' latency.
+    const RT: usize = 4;
+
+    /// [`super::kernel`]'s block for `rows` rows: groups of up to `RT` rows,
+    /// each through the panel's two halves. The first group prefetches the
+    /// panel's next block, half 0 its first cache line per k (bit 0 of
+    /// `prefetch`) and half 1 its second (bit 1).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x` holds rows * k floats, `w` k * NR and
+    /// `tile` rows * NR; k0 < k1 <= k.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows(
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        k0: usize,
+        k1: usize,
+        w: &[f32],
+        tile: &mut [f32],
+        prefetch: u8,
+    ) {
+        let mut r = 0;
+        while r < rows {
+            let rr = RT.min(rows - r);
+            for h in 0..2 {
+                let pf = r == 0 && prefetch & (1 << h) != 0;
+                let f = match rr {
+                    4 => half::<4>,
+                    3 => half::<3>,
+                    2 => half::<2>,
+                    _ => half::<1>,
+                };
+                // SAFETY: rows r .. r + rr of x and of the tile exist, and
+                // half h's 16 columns lie inside each k's NR floats.
+                unsafe {
+                    f(
+                        x.as_ptr().add(r * k),
+                        k,
+                        k0,
+                        k1,
+                        w.as_ptr().add(h * 16),
+                        tile.as_mut_ptr().add(r * NR + h * 16),
+                        pf,
+                    );
+                }
+            }
+            r += rr;
+        }
+    }
+
+    /// R rows x 16 columns over k0..k1: `wp` points at the half panel's
+    /// first column (k-major, NR floats per k), `tp` at the tile's (NR
+    /// floats per row). `prefetch`: the cache line of this half, KC values
+    /// of k ahead, per k.
+    ///
+    /// # Safety
+    /// As for [`rows`], for R rows from `xp` and `tp`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half<const R: usize>(
+        xp: *const f32,
+        k: usize,
+        k0: usize,
+        k1: usize,
+        wp: *const f32,
+        tp: *mut f32,
+        prefetch: bool,
+    ) {
+        let mut a0 = [_mm256_setzero_ps(); R];
+        let mut a1 = [_mm256_setzero_ps(); R];
+        for kk in k0..k1 {
+            if prefetch {
+                // A hint only: the address may lie past the weights, so it
+                // is formed without `add`'s in-bounds promise.
+                let ahead = wp.wrapping_add((kk + KC) * NR).cast::<i8>();
+                _mm_prefetch::<_MM_HINT_T2>(ahead);
+            }
+            // SAFETY (for the whole loop): kk < k1 <= k.
+            unsafe {
+                let w0 = _mm256_loadu_ps(wp.add(kk * NR));
+                let w1 = _mm256_loadu_ps(wp.add(kk * NR + 8));
+                for r in 0..R {
+                    let xv = _mm256_broadcast_ss(&*xp.add(r * k + kk));
+                    a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: r < R, and row r of the tile holds this half's 16
+            // floats from `tp`.
+            unsafe {
+                let (t0, t1) = (tp.add(r * NR), tp.add(r * NR + 8));
+                if k0 == 0 {
+                    _mm256_storeu_ps(t0, a0[r]);
+                    _mm256_storeu_ps(t1, a1[r]);
+                } else {
+                    _mm256_storeu_ps(t0, _mm256_add_ps(_mm256_loadu_ps(t0), a0[r]));
+                    _mm256_storeu_ps(t1, _mm256_add_ps(_mm256_loadu_ps(t1), a1[r]));
+                }
+            }
+        }
+    }
+
+    /// One row over `PANELS1` panels, block by block of k; within a block
+    /// the panels two at a time (8 accumulators), each element's sum in the
+    /// order of [`half`].
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x` holds k floats and `w` PANELS1 * k *
+    /// NR.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
+        let wp = w.as_ptr();
+        let xp = x.as_ptr();
+        let tp = tile.as_mut_ptr();
+        let mut k0 = 0;
+        while k0 < k {
+            let k1 = k.min(k0 + KC);
+            for pair in 0..PANELS1 / 2 {
+                let mut a = [_mm256_setzero_ps(); 8];
+                for kk in k0..k1 {
+                    // SAFETY (for the whole loop): kk < k, so each panel's
+                    // reads stay within its k * NR floats, the row's within
+                    // k.
+                    unsafe {
+                        let xv = _mm256_broadcast_ss(&*xp.add(kk));
+                        for q in 0..2 {
+                            let at = wp.add((2 * pair + q) * k * NR + kk * NR);
+                            for v in 0..4 {
+                                a[4 * q + v] = _mm256_fmadd_ps(
+                                    xv,
+                                    _mm256_loadu_ps(at.add(8 * v)),
+                                    a[4 * q + v],
+                                );
+                            }
+                        }
+                    }
+                }
+                for (i, acc) in a.iter().enumerate() {
+                    // SAFETY: the pair's two panels' 64 floats start at
+                    // 2 * pair * NR, inside the tile.
+                    unsafe {
+                        let t = tp.add(2 * pair * NR + i * 8);
+                        if k0 == 0 {
+                            _mm256_storeu_ps(t, *acc);
+                        } else {
+                            _mm256_storeu_ps(t, _mm256_add_ps(_mm256_loadu_ps(t), *acc));
+                        }
+                    }
+                }
+            }
+            k0 = k1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -570,6 +760,63 @@ mod tests {
             whole(xs, k, rows, &p.data, &mut a, true);
             whole(xs, k, rows, &p.data, &mut b, false);
             assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows}");
+        }
+    }
+
+    /// The AVX2 kernels give the portable kernel's bits on every CPU that
+    /// has AVX2 and FMA (AVX-512 machines included, whose products take
+    /// the AVX-512 kernels): a block through each row count of a group
+    /// (several register tiles and a partial one), and a one-row product
+    /// over several panels.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_and_portable_kernels_agree_exactly() {
+        assert!(
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma"),
+            "this test needs an x86-64 CPU with AVX2 and FMA"
+        );
+        tch::manual_seed(17);
+        let k = 2 * KC + 37;
+        let n = PANELS1 * NR;
+        let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
+        let p = Packed::new(&w).expect("pack");
+        let x = Tensor::randn([MR as i64, k as i64], (Kind::Float, Device::Cpu));
+        let xs = crate::attn::f32_view(&x).expect("view");
+        for rows in 1..=MR {
+            let (mut a, mut b) = ([0f32; MR * NR], [0f32; MR * NR]);
+            let mut k0 = 0;
+            while k0 < k {
+                let k1 = k.min(k0 + KC);
+                #[allow(unsafe_code)]
+                // SAFETY: AVX2 and FMA (asserted); x holds MR rows of k,
+                // the panel k * NR floats, the tile MR * NR.
+                unsafe {
+                    avx2::rows(xs, k, rows, k0, k1, &p.data, &mut a, 0b11)
+                };
+                portable(xs, k, rows, k0, k1, &p.data, &mut b);
+                k0 = k1;
+            }
+            assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows}");
+        }
+        let mut many = [0f32; PANELS1 * NR];
+        #[allow(unsafe_code)]
+        // SAFETY: AVX2 and FMA (asserted); x holds k floats and the data
+        // PANELS1 panels.
+        unsafe {
+            avx2::one_row(xs, k, &p.data, &mut many)
+        };
+        for q in 0..PANELS1 {
+            let mut plain = [0f32; NR];
+            whole(
+                xs,
+                k,
+                1,
+                &p.data[q * k * NR..(q + 1) * k * NR],
+                &mut plain,
+                false,
+            );
+            assert_eq!(many[q * NR..(q + 1) * NR], plain, "panel {q}");
         }
     }
 

@@ -2,8 +2,8 @@
 //! sequence per step over the whole vocabulary (262,144 logits on Gemma 3),
 //! on the step's critical path. Running maxima in interleaved lanes with
 //! their first indices, so the pass vectorises (AVX-512 where the CPU has
-//! it, else 16 lanes the compiler may vectorise); the lanes, then the tail,
-//! are reduced alike on both paths.
+//! it, else 16 lanes the compiler vectorises, for AVX2 where the CPU has
+//! it); the lanes, then the tail, are reduced alike on every path.
 
 /// Index of the largest value; the first one on ties (as torch.argmax).
 /// NaNs never win (but a NaN first value, which nothing compares above,
@@ -16,18 +16,25 @@ pub fn argmax(logits: &[f32]) -> u32 {
         Some(x) if x.is_nan() => return 0,
         Some(_) => {}
     }
-    #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX512 {
+    match crate::simd::simd() {
+        #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
         // SAFETY: the CPU has AVX-512F (checked at run time).
-        return unsafe { lanes_avx512(logits) };
+        crate::simd::Simd::Avx512 => unsafe { lanes_avx512(logits) },
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 (checked at run time).
+        crate::simd::Simd::Avx2 => unsafe { lanes_avx2(logits) },
+        _ => lanes::<16>(logits),
     }
-    lanes::<16>(logits)
 }
 
+/// [`lanes`] compiled for AVX2 (two 8-lane vectors of maxima).
 #[cfg(target_arch = "x86_64")]
-static HAS_AVX512: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
+#[target_feature(enable = "avx2")]
+fn lanes_avx2(logits: &[f32]) -> u32 {
+    lanes::<16>(logits)
+}
 
 /// The best of lanes' (maximum, first index) pairs and then of the values
 /// from `start` on (the tail no lane took): the largest value, the lowest
