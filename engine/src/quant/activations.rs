@@ -32,6 +32,10 @@ pub(super) struct QuantizedRows {
     pub(super) scale: Vec<f32>,
     pub(super) corr: Vec<i32>,
     pub(super) corr_lo: Vec<i32>,
+    /// `128 q + q2` per value, as int16 (within +-16,449), for the AVX2
+    /// kernel's int16 products (see [`QuantizedRows::widen`]); empty
+    /// until then.
+    pub(super) wide: Vec<i16>,
 }
 
 /// One block of [`QuantizedRows`].
@@ -163,6 +167,21 @@ impl QuantizedRows {
             scale,
             corr,
             corr_lo,
+            wide: Vec::new(),
+        }
+    }
+
+    /// Fills [`QuantizedRows::wide`] when there is a residual: each block's
+    /// `128 q.w + q2.w` is then one chain of int16 products (AVX2's
+    /// `vpmaddwd`), the same exact integer as two int8 chains.
+    pub(super) fn widen(&mut self) {
+        if let Some((q2, _)) = &self.residual {
+            self.wide = self
+                .q
+                .iter()
+                .zip(q2)
+                .map(|(&a, &b)| 128 * i16::from(a) + i16::from(b))
+                .collect();
         }
     }
 

@@ -432,15 +432,21 @@ impl QuantMatrix {
         out: *mut f32,
     ) {
         let rows = match acts {
-            Activations::Int8 | Activations::Int8Residual => Rows::Int8(QuantizedRows::new(
-                x,
-                m,
-                self.k,
-                acts == Activations::Int8Residual,
-                self.fmt.offset(),
-                self.fmt.halves(),
-                Some(workers),
-            )),
+            Activations::Int8 | Activations::Int8Residual => {
+                let mut q = QuantizedRows::new(
+                    x,
+                    m,
+                    self.k,
+                    acts == Activations::Int8Residual,
+                    self.fmt.offset(),
+                    self.fmt.halves(),
+                    Some(workers),
+                );
+                if kernel == Kernel::Avx2 && self.fmt.byte_quants() {
+                    q.widen();
+                }
+                Rows::Int8(q)
+            }
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
         };
         let groups = self.n.div_ceil(NG);
