@@ -633,11 +633,9 @@ mod avx2 {
         let mut a0 = [_mm256_setzero_ps(); R];
         let mut a1 = [_mm256_setzero_ps(); R];
         let (pf, lines) = prefetch;
-        let every = if lines == 0 {
-            usize::MAX
-        } else {
-            ((k1 - k0) / lines).max(1)
-        };
+        let every = (k1 - k0)
+            .checked_div(lines)
+            .map_or(usize::MAX, |e| e.max(1));
         let (mut issued, mut wait) = (0, 0);
         for kk in k0..k1 {
             if issued < lines {
