@@ -155,6 +155,69 @@ unsafe fn block_dot(
     }
 }
 
+/// What [`int8`] and [`wide`] read without bounds checks: `values`
+/// activations (quants, or wide ones) for the first `rows` rows, and each
+/// of their blocks' scale, corrections and sums.
+fn check(fmt: Format, x: &QuantizedRows, values: usize, rows: usize, blocks: usize) {
+    let n_blocks = rows * blocks;
+    assert!(rows * blocks * super::QK <= values);
+    assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
+    assert!(!fmt.halves() || n_blocks <= x.corr_lo.len());
+}
+
+/// Adds row-block `i`'s products to the accumulator `a`: the block's
+/// integer sums from `chain` over the quant vectors (Q6_K's two halves
+/// apart), less the offset's correction where `corrected`, times the
+/// weight's scale `d` (Q6_K's second half: `m`) and the activations'
+/// scale; for Q4_1 and Q4_K plus the mins `m` times the block's sum.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `i` is within the rows' blocks.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_block(
+    fmt: Format,
+    corrected: bool,
+    (d, m): (__m256, __m256),
+    x: &QuantizedRows,
+    i: usize,
+    chain: impl Fn(std::ops::Range<usize>) -> __m256i,
+    a: &mut __m256,
+) {
+    // SAFETY: i < the blocks' count (the caller's promise).
+    unsafe {
+        if fmt.halves() {
+            let corr_lo = *x.corr_lo.get_unchecked(i);
+            let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
+            let lo = _mm256_sub_epi32(chain(0..4), _mm256_set1_epi32(corr_lo));
+            let hi = _mm256_sub_epi32(chain(4..8), _mm256_set1_epi32(corr_hi));
+            let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
+            *a = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(lo), *a);
+            *a = _mm256_fmadd_ps(_mm256_mul_ps(m, xs), _mm256_cvtepi32_ps(hi), *a);
+            return;
+        }
+        let mut isum = chain(0..8);
+        if corrected {
+            isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(*x.corr.get_unchecked(i)));
+        }
+        let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale.get_unchecked(i)));
+        *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *a);
+        if fmt.has_mins() {
+            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(*x.sx.get_unchecked(i)), *a);
+        }
+    }
+}
+
+/// The first `n_rows` accumulators into half `h` of the tile's rows.
+#[target_feature(enable = "avx2")]
+fn store(tile: &mut [[f32; NG]; MR], acc: &[__m256; MR], n_rows: usize, h: usize) {
+    for (t, a) in tile.iter_mut().zip(acc).take(n_rows) {
+        // SAFETY: a tile row holds 16 floats; half h (< 2) is 8 of them at
+        // 8 h.
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * h), *a) };
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn int8(
     w: &QuantMatrix,
@@ -167,11 +230,8 @@ unsafe fn int8(
 ) {
     let fmt = w.fmt;
     let blocks = w.blocks();
-    let k = blocks * super::QK;
-    let n_blocks = (r0 + n_rows) * blocks;
-    assert!(n_rows <= MR && (r0 + n_rows) * k <= x.q.len());
-    assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
-    assert!(!fmt.halves() || n_blocks <= x.corr_lo.len());
+    check(fmt, x, x.q.len(), r0 + n_rows, blocks);
+    assert!(n_rows <= MR);
     let q2 = x.residual.as_ref().map(|(q2, _)| {
         assert!(q2.len() == x.q.len());
         q2.as_ptr()
@@ -216,32 +276,11 @@ unsafe fn int8(
                         None => isum,
                     }
                 };
-                if fmt.halves() {
-                    let corr_lo = *x.corr_lo.get_unchecked(i);
-                    let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
-                    let lo = _mm256_sub_epi32(chain(0..4), _mm256_set1_epi32(corr_lo));
-                    let hi = _mm256_sub_epi32(chain(4..8), _mm256_set1_epi32(corr_hi));
-                    let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
-                    *a = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(lo), *a);
-                    *a = _mm256_fmadd_ps(_mm256_mul_ps(m, xs), _mm256_cvtepi32_ps(hi), *a);
-                    continue;
-                }
-                let mut isum = chain(0..8);
-                if corrected {
-                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(*x.corr.get_unchecked(i)));
-                }
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale.get_unchecked(i)));
-                *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *a);
-                if fmt.has_mins() {
-                    *a = _mm256_fmadd_ps(m, _mm256_set1_ps(*x.sx.get_unchecked(i)), *a);
-                }
+                add_block(fmt, corrected, (d, m), x, i, chain, a);
             }
         }
     }
-    for (t, a) in tile.iter_mut().zip(acc).take(n_rows) {
-        // SAFETY: a tile row holds 16 floats; half h is 8 of them at 8 h.
-        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * h), a) };
-    }
+    store(tile, &acc, n_rows, h);
 }
 
 /// [`int8`] for byte quants (Q8_0, Q6_K) with the residual, through int16
@@ -264,12 +303,8 @@ unsafe fn wide(
 ) {
     let fmt = w.fmt;
     let blocks = w.blocks();
-    let k = blocks * super::QK;
-    let n_blocks = (r0 + n_rows) * blocks;
-    assert!(n_rows <= MR && (r0 + n_rows) * k <= x.wide.len());
-    assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());
-    assert!(!fmt.halves() || n_blocks <= x.corr_lo.len());
-    assert!(fmt.byte_quants());
+    check(fmt, x, x.wide.len(), r0 + n_rows, blocks);
+    assert!(n_rows <= MR && fmt.byte_quants());
     let mut acc = [_mm256_setzero_ps(); MR];
     let stride = fmt.stride();
     let next = blocks * stride;
@@ -305,27 +340,12 @@ unsafe fn wide(
                     // c6 c6 c7 c7] added into column order.
                     _mm256_hadd_epi32(lo, hi)
                 };
-                if fmt.halves() {
-                    let corr_lo = *x.corr_lo.get_unchecked(i);
-                    let corr_hi = *x.corr.get_unchecked(i) - corr_lo;
-                    let lo = _mm256_sub_epi32(chain(0..4), _mm256_set1_epi32(corr_lo));
-                    let hi = _mm256_sub_epi32(chain(4..8), _mm256_set1_epi32(corr_hi));
-                    let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
-                    *a = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(lo), *a);
-                    *a = _mm256_fmadd_ps(_mm256_mul_ps(m, xs), _mm256_cvtepi32_ps(hi), *a);
-                    continue;
-                }
-                let corr = _mm256_set1_epi32(*x.corr.get_unchecked(i));
-                let isum = _mm256_sub_epi32(chain(0..8), corr);
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*x.scale.get_unchecked(i)));
-                *a = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), *a);
+                // The quants are unsigned here: the correction applies.
+                add_block(fmt, true, (d, m), x, i, chain, a);
             }
         }
     }
-    for (t, a) in tile.iter_mut().zip(acc).take(n_rows) {
-        // SAFETY: a tile row holds 16 floats; half h is 8 of them at 8 h.
-        unsafe { _mm256_storeu_ps(t.as_mut_ptr().add(8 * h), a) };
-    }
+    store(tile, &acc, n_rows, h);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
