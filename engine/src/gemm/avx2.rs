@@ -1,0 +1,188 @@
+//! The AVX2 kernels: the AVX-512 ones' arithmetic in 8-float vectors, over
+//! half a panel (16 columns) per register tile, since AVX2 has 16
+//! registers where AVX-512 has 32.
+
+use std::arch::x86_64::*;
+
+use super::{KC, NR, PANELS1};
+
+/// Rows per register tile: 4 rows x 16 columns is 8 accumulators, as
+/// many chains as keep two FMA units busy at four cycles' latency.
+const RT: usize = 4;
+
+/// [`super::kernel`]'s block for `rows` rows: groups of up to `RT` rows,
+/// each through the panel's two halves. The panel's next block (the
+/// `2 (k1 - k0)` cache lines from KC values of k on) is prefetched
+/// spread evenly over all those passes: all of it (`prefetch` 0b11),
+/// its first half (0b01) or its second (0b10). Issued all in one pass
+/// (128 lines in about 500 cycles), as the AVX-512 kernel does, they
+/// outran the misses a Zen 3 core keeps in flight.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `x` holds rows * k floats, `w` k * NR and
+/// `tile` rows * NR; k0 < k1 <= k.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn rows(
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    k0: usize,
+    k1: usize,
+    w: &[f32],
+    tile: &mut [f32],
+    prefetch: u8,
+) {
+    let total = 2 * (k1 - k0);
+    let (first, count) = match prefetch & 3 {
+        0b11 => (0, total),
+        0b01 => (0, total / 2),
+        0b10 => (total / 2, total - total / 2),
+        _ => (0, 0),
+    };
+    // A hint only: the address may lie past the weights, so it is
+    // formed without `add`'s in-bounds promise.
+    let ahead = w.as_ptr().wrapping_add((k0 + KC) * NR).cast::<i8>();
+    let passes = rows.div_ceil(RT) * 2;
+    let mut pass = 0;
+    let mut r = 0;
+    while r < rows {
+        let rr = RT.min(rows - r);
+        for h in 0..2 {
+            let (lo, hi) = (
+                first + count * pass / passes,
+                first + count * (pass + 1) / passes,
+            );
+            pass += 1;
+            let f = match rr {
+                4 => half::<4>,
+                3 => half::<3>,
+                2 => half::<2>,
+                _ => half::<1>,
+            };
+            // SAFETY: rows r .. r + rr of x and of the tile exist, and
+            // half h's 16 columns lie inside each k's NR floats.
+            unsafe {
+                f(
+                    x.as_ptr().add(r * k),
+                    k,
+                    k0,
+                    k1,
+                    w.as_ptr().add(h * 16),
+                    tile.as_mut_ptr().add(r * NR + h * 16),
+                    (ahead.wrapping_add(lo * 64), hi - lo),
+                );
+            }
+        }
+        r += rr;
+    }
+}
+
+/// R rows x 16 columns over k0..k1: `wp` points at the half panel's
+/// first column (k-major, NR floats per k), `tp` at the tile's (NR
+/// floats per row). `prefetch`: consecutive cache lines from an address,
+/// and how many, issued evenly over the iterations.
+///
+/// # Safety
+/// As for [`rows`], for R rows from `xp` and `tp`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn half<const R: usize>(
+    xp: *const f32,
+    k: usize,
+    k0: usize,
+    k1: usize,
+    wp: *const f32,
+    tp: *mut f32,
+    prefetch: (*const i8, usize),
+) {
+    let mut a0 = [_mm256_setzero_ps(); R];
+    let mut a1 = [_mm256_setzero_ps(); R];
+    let (pf, lines) = prefetch;
+    let every = (k1 - k0)
+        .checked_div(lines)
+        .map_or(usize::MAX, |e| e.max(1));
+    let (mut issued, mut wait) = (0, 0);
+    for kk in k0..k1 {
+        if issued < lines {
+            if wait == 0 {
+                _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
+                issued += 1;
+                wait = every;
+            }
+            wait -= 1;
+        }
+        // SAFETY (for the whole loop): kk < k1 <= k.
+        unsafe {
+            let w0 = _mm256_loadu_ps(wp.add(kk * NR));
+            let w1 = _mm256_loadu_ps(wp.add(kk * NR + 8));
+            for r in 0..R {
+                let xv = _mm256_broadcast_ss(&*xp.add(r * k + kk));
+                a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: r < R, and row r of the tile holds this half's 16
+        // floats from `tp`.
+        unsafe {
+            let (t0, t1) = (tp.add(r * NR), tp.add(r * NR + 8));
+            if k0 == 0 {
+                _mm256_storeu_ps(t0, a0[r]);
+                _mm256_storeu_ps(t1, a1[r]);
+            } else {
+                _mm256_storeu_ps(t0, _mm256_add_ps(_mm256_loadu_ps(t0), a0[r]));
+                _mm256_storeu_ps(t1, _mm256_add_ps(_mm256_loadu_ps(t1), a1[r]));
+            }
+        }
+    }
+}
+
+/// One row over `PANELS1` panels, block by block of k; within a block
+/// the panels two at a time (8 accumulators), each element's sum in the
+/// order of [`half`].
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `x` holds k floats and `w` PANELS1 * k *
+/// NR.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    let tp = tile.as_mut_ptr();
+    let mut k0 = 0;
+    while k0 < k {
+        let k1 = k.min(k0 + KC);
+        for pair in 0..PANELS1 / 2 {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for kk in k0..k1 {
+                // SAFETY (for the whole loop): kk < k, so each panel's
+                // reads stay within its k * NR floats, the row's within
+                // k.
+                unsafe {
+                    let xv = _mm256_broadcast_ss(&*xp.add(kk));
+                    for q in 0..2 {
+                        let at = wp.add((2 * pair + q) * k * NR + kk * NR);
+                        for v in 0..4 {
+                            a[4 * q + v] =
+                                _mm256_fmadd_ps(xv, _mm256_loadu_ps(at.add(8 * v)), a[4 * q + v]);
+                        }
+                    }
+                }
+            }
+            for (i, acc) in a.iter().enumerate() {
+                // SAFETY: the pair's two panels' 64 floats start at
+                // 2 * pair * NR, inside the tile.
+                unsafe {
+                    let t = tp.add(2 * pair * NR + i * 8);
+                    if k0 == 0 {
+                        _mm256_storeu_ps(t, *acc);
+                    } else {
+                        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_loadu_ps(t), *acc));
+                    }
+                }
+            }
+        }
+        k0 = k1;
+    }
+}
