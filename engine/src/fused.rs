@@ -140,6 +140,26 @@ pub(crate) fn add_rms_norm(
     }
 }
 
+/// Gemma's per-head query and key norms of `qkv` (see [`cpu::head_norms`]),
+/// on the CPU in float32 only; None when the CPU's pass does not take these
+/// tensors (the caller runs its norms' libtorch ops).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_norms(
+    qkv: &Tensor,
+    q_w: &Tensor,
+    k_w: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    eps: f64,
+) -> Result<Option<Tensor>, EngineError> {
+    if [qkv, q_w, k_w].iter().all(|t| cpu_usable(t)) {
+        cpu::head_norms(qkv, q_w, k_w, heads, kv_heads, head_dim, eps).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Rotates the query and key heads of `qkv` and stores keys and values in
 /// the pool layer (see [`cuda_rope_kv`]); returns the queries, or None when
 /// neither implementation takes these tensors.

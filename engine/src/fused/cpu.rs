@@ -52,19 +52,71 @@ pub(crate) fn add_rms_norm(
             eps: eps as f32,
             hidden,
         };
-        match simd() {
-            #[cfg(target_arch = "x86_64")]
-            #[allow(unsafe_code)]
-            // SAFETY: the CPU has AVX-512F (checked at run time).
-            Simd::Avx512 => unsafe { norm_rows_avx512(&args, rows, hs, ss) },
-            #[cfg(target_arch = "x86_64")]
-            #[allow(unsafe_code)]
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            Simd::Avx2 => unsafe { norm_rows_avx2(&args, rows, hs, ss) },
-            _ => norm_rows(&args, rows, hs, ss),
-        }
+        norm_rows_simd(&args, rows, hs, ss);
     }
     Ok((sum.unwrap_or_else(|| x.shallow_clone()), h))
+}
+
+/// Gemma's per-head query and key norms of `qkv` [n, (heads + 2
+/// kv_heads) x head_dim]: a new tensor of its shape with each query head
+/// normalised as [`add_rms_norm`] does (no delta) with the weight `q_w`,
+/// each key head with `k_w`, and the values copied.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_norms(
+    qkv: &Tensor,
+    q_w: &Tensor,
+    k_w: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    eps: f64,
+) -> Result<Tensor, EngineError> {
+    let (_, width) = rows_of(qkv);
+    let (xs, qw, kw) = (f32_view(qkv)?, f32_view(q_w)?, f32_view(k_w)?);
+    let [h, kvh, hd] = [heads, kv_heads, head_dim].map(|v| v.max(0) as usize);
+    if width != (h + 2 * kvh) * hd || qw.len() != hd || kw.len() != hd {
+        return Err(EngineError::Step("head_norms: shapes do not agree".into()));
+    }
+    let out = Tensor::f_empty(qkv.size().as_slice(), (Kind::Float, tch::Device::Cpu))?;
+    if xs.is_empty() {
+        return Ok(out);
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: `out` is a fresh contiguous float32 CPU tensor of qkv's shape
+    // (xs.len() > 0 elements), referenced nowhere else until returned; every
+    // element is written below (the norms write their heads', the values
+    // are copied).
+    let os = unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<f32>(), xs.len()) };
+    for (x, o) in xs.chunks_exact(width).zip(os.chunks_exact_mut(width)) {
+        let (q_end, k_end) = (h * hd, (h + kvh) * hd);
+        for (span, ws, n) in [(0..q_end, qw, h), (q_end..k_end, kw, kvh)] {
+            let args = NormArgs {
+                xs: &x[span.clone()],
+                ds: None,
+                ws,
+                eps: eps as f32,
+                hidden: hd,
+            };
+            norm_rows_simd(&args, n, &mut o[span], None);
+        }
+        o[k_end..].copy_from_slice(&x[k_end..]);
+    }
+    Ok(out)
+}
+
+/// [`norm_rows`] with the widest SIMD build this CPU runs.
+fn norm_rows_simd(args: &NormArgs<'_>, rows: usize, h: &mut [f32], sum: Option<&mut [f32]>) {
+    match simd() {
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX-512F (checked at run time).
+        Simd::Avx512 => unsafe { norm_rows_avx512(args, rows, h, sum) },
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        Simd::Avx2 => unsafe { norm_rows_avx2(args, rows, h, sum) },
+        _ => norm_rows(args, rows, h, sum),
+    }
 }
 
 struct NormArgs<'a> {

@@ -102,6 +102,18 @@ pub(crate) fn paged_attention_qkv(
     rope: &RopeAt,
     p: &AttnParams,
 ) -> Result<Tensor, EngineError> {
+    paged_attention_qkv_with(s, qkv, rope, p, &AttnLogits::default())
+}
+
+/// [`paged_attention_qkv`] with logits formed as `lg` says (scale, soft
+/// cap).
+pub(crate) fn paged_attention_qkv_with(
+    s: &mut LayerStep<'_>,
+    qkv: &Tensor,
+    rope: &RopeAt,
+    p: &AttnParams,
+    lg: &AttnLogits,
+) -> Result<Tensor, EngineError> {
     // On CUDA only steps that take flash attention (a decode graph's kind).
     let flash_step = s.batch.flash.is_some() && p.window.is_none() && s.be.flash_attention();
     if rope.rotates_all(p.head_dim) && (flash_step || !qkv.device().is_cuda()) {
@@ -118,11 +130,11 @@ pub(crate) fn paged_attention_qkv(
             p.kv_heads,
             p.head_dim,
         )? {
-            return attend_stored(s, &q, p, &AttnLogits::default());
+            return attend_stored(s, &q, p, lg);
         }
     }
     let (q, k, v) = rope.apply_qkv(qkv, p.heads, p.kv_heads, p.head_dim)?;
-    paged_attention(s, &q, &k, &v, p)
+    paged_attention_with(s, &q, &k, &v, p, lg)
 }
 
 /// The attention of `q` over the pool, the step's own keys and values

@@ -81,6 +81,16 @@ impl GemmaRmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor, EngineError> {
+        // On the CPU in float32 there is no rounding to the input kind, so
+        // this is the plain RMSNorm with weight `1 + w`: gyre's one pass of
+        // Rust (its sum of squares in float64) instead of eight libtorch
+        // ops. (On CUDA the fused kernel rounds as Llama's norm, not as
+        // Gemma's, so it is not used there.)
+        if x.device() == tch::Device::Cpu
+            && let Some((_, h)) = crate::fused::add_rms_norm(x, None, &self.scale, self.eps)?
+        {
+            return Ok(h);
+        }
         let kind = x.kind();
         let h = x.f_to_kind(Kind::Float)?;
         let var = h
@@ -88,6 +98,24 @@ impl GemmaRmsNorm {
             .f_mean_dim(-1, true, Kind::Float)?;
         let h = h.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         Ok(h.f_mul(&self.scale)?.f_to_kind(kind)?)
+    }
+
+    /// The residual `x + delta` and its norm: one pass of Rust on the CPU
+    /// in float32, else two libtorch steps.
+    pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> Result<(Tensor, Tensor), EngineError> {
+        if x.device() == tch::Device::Cpu
+            && let Some(both) = crate::fused::add_rms_norm(x, Some(delta), &self.scale, self.eps)?
+        {
+            return Ok(both);
+        }
+        let x = x.f_add(delta)?;
+        let h = self.forward(&x)?;
+        Ok((x, h))
+    }
+
+    /// `1 + w` in float32 and epsilon (for fused passes over several norms).
+    pub fn parts(&self) -> (&Tensor, f64) {
+        (&self.scale, self.eps)
     }
 }
 

@@ -17,7 +17,9 @@ use crate::EngineError;
 use crate::config::{ModelConfig, RopeScaling};
 use crate::kv::KvPool;
 use crate::layers::Backend;
-use crate::layers::attention::{AttnLogits, AttnParams, LayerStep, paged_attention_with};
+use crate::layers::attention::{
+    AttnLogits, AttnParams, LayerStep, paged_attention_qkv_with, paged_attention_with,
+};
 use crate::layers::batch::StepBatch;
 use crate::layers::embedding::Embedding;
 use crate::layers::linear::{Linear, lm_head};
@@ -194,6 +196,13 @@ impl Attention {
         let (nh, nkv, hd) = (self.p.heads, self.p.kv_heads, self.p.head_dim);
         let n = s.batch.n;
         let qkv = self.qkv.forward(x, s.be)?;
+        // On the CPU: the head norms in one pass, then rope and the KV
+        // write in another (`paged_attention_qkv`).
+        let ((qw, eps), (kw, _)) = (self.q_norm.parts(), self.k_norm.parts());
+        if let Some(normed) = crate::fused::head_norms(&qkv, qw, kw, nh, nkv, hd, eps)? {
+            let out = paged_attention_qkv_with(s, &normed, rope, &self.p, &self.logits)?;
+            return self.o.forward(&out, s.be);
+        }
         let q = qkv.f_narrow(1, 0, nh * hd)?.f_view([n, nh, hd])?;
         let k = qkv.f_narrow(1, nh * hd, nkv * hd)?.f_view([n, nkv, hd])?;
         let v = qkv
@@ -225,8 +234,8 @@ impl DecoderLayer {
     ) -> Result<Tensor, EngineError> {
         let h = self.input_layernorm.forward(x)?;
         let h = self.self_attn.forward(&h, rope, s)?;
-        let x = x.f_add(&self.post_attention_layernorm.forward(&h)?)?;
-        let h = self.pre_feedforward_layernorm.forward(&x)?;
+        let delta = self.post_attention_layernorm.forward(&h)?;
+        let (x, h) = self.pre_feedforward_layernorm.add_forward(x, &delta)?;
         let h = self.mlp.forward(&h, s.be)?;
         Ok(x.f_add(&self.post_feedforward_layernorm.forward(&h)?)?)
     }
