@@ -63,6 +63,14 @@ pub(super) fn tile(
         unsafe { wide_one(w, x, r0, g, &mut tile[0]) };
         return;
     }
+    if let Rows::Int8(x) = rows
+        && n_rows == 1
+        && !w.fmt.byte_quants()
+    {
+        // SAFETY: as above.
+        unsafe { nibbles_one(w, x, r0, g, &mut tile[0]) };
+        return;
+    }
     for h in 0..2 {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked by the caller).
         unsafe {
@@ -423,6 +431,81 @@ unsafe fn wide_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, out: 
                     let d = if p == 0 { sc[h].0 } else { sc[h].1 };
                     *a = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(isum), *a);
                 }
+            }
+        }
+    }
+    for (h, a) in acc.into_iter().enumerate() {
+        // SAFETY: a tile row holds 16 floats, half h's 8 at 8 h.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), a) };
+    }
+}
+
+/// [`int8`] for one row of Q4_0, Q4_1 or Q4_K (with or without the
+/// residual), both halves of the group in one pass and every value in a
+/// register, as [`wide_one`]: the int16 sums are added in another order,
+/// which changes nothing (they are exact), so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, out: &mut [f32; NG]) {
+    let fmt = w.fmt;
+    let blocks = w.blocks();
+    check(fmt, x, x.q.len(), r + 1, blocks);
+    assert!(!fmt.byte_quants() && !fmt.halves());
+    let q2 = x.residual.as_ref().map(|(q2, _)| {
+        assert!(q2.len() == x.q.len());
+        q2.as_ptr()
+    });
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let stride = fmt.stride();
+    let next = blocks * stride;
+    let (zero, low, ones) = (
+        _mm256_setzero_si256(),
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi16(1),
+    );
+    for b in 0..blocks {
+        let gb = w.group_block(g, b).as_ptr();
+        if r == 0 {
+            super::prefetch_next_group(gb, next, stride);
+        }
+        let i = r * blocks + b;
+        // SAFETY: `gb` is a whole group-block (256 bytes of quants, 64 per
+        // vector of 16 columns, half h at 32 h, then the scales); the
+        // row-block index i is within the checked arrays, its 32 quants
+        // (and residuals) at `i * 32`, read 4 at a time.
+        unsafe {
+            let x4 = |p: *const i8, q: usize| {
+                _mm256_set1_epi32(p.add(i * 32).cast::<i32>().add(q).read_unaligned())
+            };
+            // int16 sums of the quants' and of the residuals' products, per
+            // half: a pair is at most 2 * 15 * 127 and each sum takes eight.
+            let (mut s, mut t) = ([zero; 2], [zero; 2]);
+            for p in 0..4 {
+                // Vector p holds k = 4p .. 4p + 4 in its low nibbles and
+                // k = 16 + 4p .. in its high ones.
+                let (xl, xh) = (x4(x.q.as_ptr(), p), x4(x.q.as_ptr(), p + 4));
+                let r2 = q2.map(|q2| (x4(q2, p), x4(q2, p + 4)));
+                for h in 0..2 {
+                    let v = _mm256_loadu_si256(gb.add(p * 64 + h * 32).cast());
+                    let lo = _mm256_and_si256(v, low);
+                    let hi = _mm256_and_si256(_mm256_srli_epi32::<4>(v), low);
+                    s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(lo, xl));
+                    s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(hi, xh));
+                    if let Some((yl, yh)) = r2 {
+                        t[h] = _mm256_add_epi16(t[h], _mm256_maddubs_epi16(lo, yl));
+                        t[h] = _mm256_add_epi16(t[h], _mm256_maddubs_epi16(hi, yh));
+                    }
+                }
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                let isum = _mm256_madd_epi16(s[h], ones);
+                let isum = match q2 {
+                    Some(_) => _mm256_add_epi32(
+                        _mm256_slli_epi32::<7>(isum),
+                        _mm256_madd_epi16(t[h], ones),
+                    ),
+                    None => isum,
+                };
+                add_block(fmt, true, scales(fmt, gb, h), x, i, |_| isum, a);
             }
         }
     }
