@@ -17,6 +17,8 @@ use tch::{Device, Kind, Tensor};
 use crate::EngineError;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 /// One decoding sequence: its query row in the packed batch and the pool
@@ -54,6 +56,13 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// Eight elements at `p` widened to float32.
+    ///
+    /// # Safety
+    /// `p` addresses 8 readable elements; the CPU has AVX and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
 impl KvElem for f32 {
@@ -70,6 +79,13 @@ impl KvElem for f32 {
     unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
         // SAFETY: the caller's contract.
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
     }
 }
 
@@ -89,6 +105,14 @@ impl KvElem for half::f16 {
         use std::arch::x86_64::*;
         // SAFETY: the caller's contract (16 halves are 32 bytes).
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (8 halves are 16 bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
     }
 }
 
@@ -337,8 +361,12 @@ fn one_seq_portable<T: KvElem>(
     #[cfg(target_arch = "x86_64")]
     if *HAS_AVX2_FMA {
         #[allow(unsafe_code)]
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run
+        // time).
         unsafe {
+            if avx2::one_seq(q, k, v, s, h, gs.clone(), out) {
+                return;
+            }
             one_seq_avx2(q, k, v, s, h, gs, out)
         };
         return;
@@ -352,7 +380,9 @@ static HAS_AVX512: std::sync::LazyLock<bool> =
 
 #[cfg(target_arch = "x86_64")]
 static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
 });
 
 #[cfg(target_arch = "x86_64")]
@@ -564,6 +594,67 @@ mod tests {
         };
         assert!(diff(&got, &want) < 1e-5, "max diff {}", diff(&got, &want));
         assert!(diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
+    }
+
+    /// The AVX2 kernel against the portable body, for head dims of one
+    /// vector to many (and pieces of the value sums: 24 is 16 + 8), over
+    /// float32 and float16 caches: the same attention to float32 rounding
+    /// (the sums are added in another order).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_kernel_matches_the_portable_body() {
+        if !*HAS_AVX2_FMA {
+            eprintln!("no AVX2, FMA and F16C on this CPU: nothing to compare");
+            return;
+        }
+        tch::manual_seed(17);
+        for hd in [8i64, 24, 64, 128, 256] {
+            let (nh, nkv, slots) = (6i64, 2i64, 300i64);
+            let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 2.0;
+            let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+            let q = Tensor::randn([2, nh, hd], (Kind::Float, Device::Cpu));
+            let table: Vec<i64> = (0..slots).map(|j| (j * 7) % slots).collect();
+            let s = DecodeSeq {
+                row: 1,
+                slots: &table,
+            };
+            let h = Heads {
+                heads: nh as usize,
+                kv_heads: nkv as usize,
+                head_dim: hd as usize,
+                scale: (hd as f32).powf(-0.5),
+                softcap: None,
+            };
+            let qs = f32_view(&q).expect("q");
+            let n = (nh * hd) as usize;
+            let check = |got: &[f32], want: &[f32], what: &str| {
+                let worst = got
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(worst < 1e-5, "head dim {hd}, {what}: differs by {worst}");
+            };
+            let (ks, vs) = (f32_view(&k).expect("k"), f32_view(&v).expect("v"));
+            let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
+            #[allow(unsafe_code)]
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+            let ran = unsafe { avx2::one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut got) };
+            assert!(ran, "head dim {hd} not taken");
+            one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+            check(&got, &want, "float32 cache");
+            let (k16, v16) = (k.to_kind(Kind::Half), v.to_kind(Kind::Half));
+            let (ks, vs) = (
+                kv_view::<half::f16>(&k16).expect("k"),
+                kv_view::<half::f16>(&v16).expect("v"),
+            );
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            let ran = unsafe { avx2::one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut got) };
+            assert!(ran, "head dim {hd} not taken");
+            one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+            check(&got, &want, "float16 cache");
+        }
     }
 
     /// Split over the workers (enough keys to split), every sequence's
