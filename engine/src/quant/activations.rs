@@ -221,6 +221,15 @@ fn quantize(
         };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if *HAS_AVX2 {
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2 (checked at run time).
+        unsafe {
+            quantize_avx2(x, q, d, sum, sx, res)
+        };
+        return;
+    }
     quantize_scalar(x, q, d, sum, sx, res);
 }
 
@@ -229,6 +238,106 @@ static HAS_AVX512BW: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
 });
+
+#[cfg(target_arch = "x86_64")]
+static HAS_AVX2: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx2"));
+
+/// [`quantize_avx512`] in AVX2, a block as four vectors of 8: the same
+/// operations per value, so the scalar result to the bit (on a Zen 3 the
+/// scalar quantizer took 7% of a 16-stream decode step of SmolLM2 Q8_0).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2")]
+fn quantize_avx2(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum: &mut [i32],
+    sx: &mut [f32],
+    mut res: Option<(&mut [i8], &mut [i32])>,
+) {
+    use std::arch::x86_64::*;
+    /// 8 values' int8 quants as i32 lanes ([`round_i8`]: truncate, step
+    /// by the fraction, saturate, NaN to 0).
+    #[target_feature(enable = "avx2")]
+    fn round8(v: __m256) -> __m256i {
+        let t = _mm256_cvttps_epi32(v);
+        let frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
+        // All-ones lanes (-1) where the step applies.
+        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5)));
+        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, _mm256_set1_ps(-0.5)));
+        let t = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
+        let t = _mm256_max_epi32(
+            _mm256_min_epi32(t, _mm256_set1_epi32(127)),
+            _mm256_set1_epi32(-128),
+        );
+        // `as i32` of NaN is 0 (cvtt gives i32::MIN).
+        _mm256_and_si256(t, _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(v, v)))
+    }
+    /// Four vectors of quants (in [-128, 127]) as 32 bytes in order.
+    #[target_feature(enable = "avx2")]
+    fn bytes(t: [__m256i; 4]) -> __m256i {
+        let b = _mm256_packs_epi16(
+            _mm256_packs_epi32(t[0], t[1]),
+            _mm256_packs_epi32(t[2], t[3]),
+        );
+        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+    #[target_feature(enable = "avx2")]
+    fn hsum(t: [__m256i; 4]) -> i32 {
+        let a = _mm256_add_epi32(_mm256_add_epi32(t[0], t[1]), _mm256_add_epi32(t[2], t[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+    let blocks = x.len() / QK;
+    assert!(
+        q.len() >= blocks * QK && d.len() >= blocks && sum.len() >= blocks && sx.len() >= blocks
+    );
+    if let Some((q2, s2)) = &res {
+        assert!(q2.len() >= blocks * QK && s2.len() >= blocks);
+    }
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for i in 0..blocks {
+        // SAFETY: block i's 32 values lie in `x`, `q` and the residual's
+        // quants (asserted above); the stores write 32 bytes each.
+        unsafe {
+            let xp = x.as_ptr().add(i * QK);
+            let xv: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(xp.add(8 * j)));
+            // The scalar fold starts at 0 and skips NaN (f32::max); so
+            // does max_ps with the running value second.
+            let zero = _mm256_setzero_ps();
+            let m = xv.map(|v| _mm256_max_ps(_mm256_and_ps(v, abs_mask), zero));
+            let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let dx = amax / 127.0;
+            let inv = if dx > 0.0 { 1.0 / dx } else { 0.0 };
+            let vinv = _mm256_set1_ps(inv);
+            let t = xv.map(|v| round8(_mm256_mul_ps(v, vinv)));
+            _mm256_storeu_si256(q.as_mut_ptr().add(i * QK).cast(), bytes(t));
+            let s = hsum(t);
+            d[i] = dx;
+            sum[i] = s;
+            sx[i] = dx * s as f32;
+            if let Some((q2, sum2)) = &mut res {
+                let inv2 = _mm256_set1_ps(inv / RESIDUAL_STEP);
+                let vdx = _mm256_set1_ps(dx);
+                let u: [__m256i; 4] = std::array::from_fn(|j| {
+                    let back = _mm256_mul_ps(vdx, _mm256_cvtepi32_ps(t[j]));
+                    round8(_mm256_mul_ps(_mm256_sub_ps(xv[j], back), inv2))
+                });
+                _mm256_storeu_si256(q2.as_mut_ptr().add(i * QK).cast(), bytes(u));
+                let s2 = hsum(u);
+                sum2[i] = s2;
+                sx[i] += dx * RESIDUAL_STEP * s2 as f32;
+            }
+        }
+    }
+}
 
 /// [`quantize`] in AVX-512: per block, `amax` by a max over the two
 /// vectors (exact in any order), `x * inv` and the residual's
