@@ -14,24 +14,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{DecodeSeq, Heads, KvElem, softmax_rows};
-
-/// Keys ahead of the one being read whose rows are prefetched (as in the
-/// AVX-512 kernel: a head's rows lie a pool row apart).
-const AHEAD: usize = 8;
-
-/// Prefetches the `len` elements of `data` from `at` (a hint: nothing is
-/// read when they lie outside it).
-#[inline(always)]
-fn prefetch_row<T>(data: &[T], at: usize, len: usize) {
-    if at + len <= data.len() {
-        let p = data[at..].as_ptr().cast::<i8>();
-        for line in (0..len * size_of::<T>()).step_by(64) {
-            // SAFETY: a prefetch of memory inside `data` (checked above).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
-        }
-    }
-}
+use super::{AHEAD, DecodeSeq, Heads, KvElem, prefetch_row, softmax_rows};
 
 /// Runs the sequence's attention for the query heads of KV heads `gs`
 /// (`out`: theirs alone) when its head dim is a multiple of 8, and says

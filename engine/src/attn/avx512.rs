@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{DecodeSeq, Heads, KvElem, softmax_rows};
+use super::{AHEAD, DecodeSeq, Heads, KvElem, prefetch_row, softmax_rows};
 
 /// Runs the sequence's attention for the query heads of KV heads `gs`
 /// (`out`: theirs alone) when its head dim is one of the sizes above, and
@@ -36,24 +36,6 @@ pub(super) fn one_seq<T: KvElem>(
         _ => return false,
     }
     true
-}
-
-/// Keys ahead of the one being read whose rows are prefetched: a
-/// sequence's rows of one head lie a pool row apart (every KV head's), a
-/// stride the hardware prefetcher followed too slowly.
-const AHEAD: usize = 8;
-
-/// Prefetches the `len` floats of `data` from `at` (a hint: nothing is
-/// read when they lie outside it).
-#[inline(always)]
-fn prefetch_row<T>(data: &[T], at: usize, len: usize) {
-    if at + len <= data.len() {
-        let p = data[at..].as_ptr().cast::<i8>();
-        for line in (0..len * size_of::<T>()).step_by(64) {
-            // SAFETY: a prefetch of memory inside `data` (checked above).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line)) };
-        }
-    }
 }
 
 /// One head's `V` vectors at the start of `row`, widened to float32.

@@ -21,6 +21,30 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+/// Keys ahead of the one being read whose rows the SIMD kernels
+/// prefetch: a sequence's rows of one head lie a pool row apart (every KV
+/// head's), a stride the hardware prefetcher followed too slowly.
+#[cfg(target_arch = "x86_64")]
+const AHEAD: usize = 8;
+
+/// Prefetches the `len` elements of `data` from `at` (a hint: nothing is
+/// read when they lie outside it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_row<T>(data: &[T], at: usize, len: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    if at + len <= data.len() {
+        let p = data[at..].as_ptr().cast::<i8>();
+        for line in (0..len * size_of::<T>()).step_by(64) {
+            #[allow(unsafe_code)]
+            // SAFETY: a prefetch of memory inside `data` (checked above).
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
+            };
+        }
+    }
+}
+
 /// One decoding sequence: its query row in the packed batch and the pool
 /// slots of all its positions (the new token's slot last).
 pub(crate) struct DecodeSeq<'a> {

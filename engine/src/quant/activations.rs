@@ -292,13 +292,7 @@ fn quantize_avx2(
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
         _mm_cvtsi128_si32(s)
     }
-    let blocks = x.len() / QK;
-    assert!(
-        q.len() >= blocks * QK && d.len() >= blocks && sum.len() >= blocks && sx.len() >= blocks
-    );
-    if let Some((q2, s2)) = &res {
-        assert!(q2.len() >= blocks * QK && s2.len() >= blocks);
-    }
+    let blocks = blocks_checked(x, q, d, sum, sx, &res);
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
     for i in 0..blocks {
         // SAFETY: block i's 32 values lie in `x`, `q` and the residual's
@@ -339,6 +333,27 @@ fn quantize_avx2(
     }
 }
 
+/// `x`'s blocks, once the outputs are checked to hold them all (the SIMD
+/// quantizers store without bounds checks).
+#[cfg(target_arch = "x86_64")]
+fn blocks_checked(
+    x: &[f32],
+    q: &[i8],
+    d: &[f32],
+    sum: &[i32],
+    sx: &[f32],
+    res: &Option<(&mut [i8], &mut [i32])>,
+) -> usize {
+    let blocks = x.len() / QK;
+    assert!(
+        q.len() >= blocks * QK && d.len() >= blocks && sum.len() >= blocks && sx.len() >= blocks
+    );
+    if let Some((q2, s2)) = res {
+        assert!(q2.len() >= blocks * QK && s2.len() >= blocks);
+    }
+    blocks
+}
+
 /// [`quantize`] in AVX-512: per block, `amax` by a max over the two
 /// vectors (exact in any order), `x * inv` and the residual's
 /// `(x - dx q) * inv2` as the scalar code forms them (no fused
@@ -373,13 +388,7 @@ fn quantize_avx512(
         // `as i32` of NaN is 0 (cvtt gives i32::MIN).
         _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), t)
     }
-    let blocks = x.len() / QK;
-    assert!(
-        q.len() >= blocks * QK && d.len() >= blocks && sum.len() >= blocks && sx.len() >= blocks
-    );
-    if let Some((q2, s2)) = &res {
-        assert!(q2.len() >= blocks * QK && s2.len() >= blocks);
-    }
+    let blocks = blocks_checked(x, q, d, sum, sx, &res);
     let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
     for i in 0..blocks {
         // SAFETY: block i's 32 values lie in `x`, `q` and the residual's

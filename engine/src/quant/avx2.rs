@@ -378,9 +378,6 @@ unsafe fn wide_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, out: 
     let blocks = w.blocks();
     check(fmt, x, x.wide.len(), r + 1, blocks);
     assert!(fmt.byte_quants());
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let stride = fmt.stride();
-    let next = blocks * stride;
     // Q6_K's two 16-value halves are summed apart (one scale each); the
     // other formats' second range is empty.
     let parts = if fmt.halves() {
@@ -389,12 +386,7 @@ unsafe fn wide_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, out: 
         [0..8, 8..8]
     };
     let zero = _mm256_setzero_si256();
-    for b in 0..blocks {
-        let gb = w.group_block(g, b).as_ptr();
-        if r == 0 {
-            super::prefetch_next_group(gb, next, stride);
-        }
-        let i = r * blocks + b;
+    one_row(w, r, g, out, |gb, i, acc| {
         // SAFETY: `gb` is a whole group-block (512 bytes of quants, then
         // the scales); the row-block index i is within the checked arrays,
         // its 32 wide activations at `i * 32`.
@@ -433,9 +425,34 @@ unsafe fn wide_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, out: 
                 }
             }
         }
+    });
+}
+
+/// The one-row kernels' loop over group `g`'s blocks: `block` gets each
+/// group-block, its row-block index and both halves' accumulators (the
+/// first row's pass prefetches the next group's block); then the
+/// accumulators go to `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn one_row(
+    w: &QuantMatrix,
+    r: usize,
+    g: usize,
+    out: &mut [f32; NG],
+    mut block: impl FnMut(*const u8, usize, &mut [__m256; 2]),
+) {
+    let blocks = w.blocks();
+    let stride = w.fmt.stride();
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for b in 0..blocks {
+        let gb = w.group_block(g, b).as_ptr();
+        if r == 0 {
+            super::prefetch_next_group(gb, blocks * stride, stride);
+        }
+        block(gb, r * blocks + b, &mut acc);
     }
     for (h, a) in acc.into_iter().enumerate() {
-        // SAFETY: a tile row holds 16 floats, half h's 8 at 8 h.
+        // SAFETY: `out` holds 16 floats, half h's 8 at 8 h.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), a) };
     }
 }
@@ -454,20 +471,12 @@ unsafe fn nibbles_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, ou
         assert!(q2.len() == x.q.len());
         q2.as_ptr()
     });
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let stride = fmt.stride();
-    let next = blocks * stride;
     let (zero, low, ones) = (
         _mm256_setzero_si256(),
         _mm256_set1_epi8(0x0f),
         _mm256_set1_epi16(1),
     );
-    for b in 0..blocks {
-        let gb = w.group_block(g, b).as_ptr();
-        if r == 0 {
-            super::prefetch_next_group(gb, next, stride);
-        }
-        let i = r * blocks + b;
+    one_row(w, r, g, out, |gb, i, acc| {
         // SAFETY: `gb` is a whole group-block (256 bytes of quants, 64 per
         // vector of 16 columns, half h at 32 h, then the scales); the
         // row-block index i is within the checked arrays, its 32 quants
@@ -508,11 +517,7 @@ unsafe fn nibbles_one(w: &QuantMatrix, x: &QuantizedRows, r: usize, g: usize, ou
                 add_block(fmt, true, scales(fmt, gb, h), x, i, |_| isum, a);
             }
         }
-    }
-    for (h, a) in acc.into_iter().enumerate() {
-        // SAFETY: a tile row holds 16 floats, half h's 8 at 8 h.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), a) };
-    }
+    });
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
