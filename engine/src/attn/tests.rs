@@ -1,0 +1,304 @@
+use super::*;
+
+/// The softmax exponential against the standard library's.
+#[test]
+fn exp_is_accurate() {
+    let mut worst = 0f32;
+    let mut x = -90.0f32;
+    while x <= 0.0 {
+        let (got, want) = (exp(x), x.exp());
+        let rel = if want > 1e-30 {
+            ((got - want) / want).abs()
+        } else {
+            got.abs()
+        };
+        worst = worst.max(rel);
+        x += 0.001;
+    }
+    assert!(worst < 4e-7, "worst relative error {worst}");
+}
+
+/// With a scale and a logit soft cap, the kernel agrees with the same
+/// attention written in libtorch ops (transformers' eager order:
+/// scale, cap, softmax), and the cap changes the result.
+#[test]
+fn soft_capped_scores_match_eager_attention() {
+    tch::manual_seed(11);
+    let (nh, nkv, hd, slots) = (4i64, 2i64, 16i64, 40i64);
+    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 3.0;
+    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+    let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 3.0;
+    let table: Vec<i64> = (0..slots).rev().collect();
+    let seqs = [DecodeSeq {
+        row: 0,
+        slots: &table,
+    }];
+    let (scale, cap) = (0.125f32, 5.0f32);
+    let heads = |softcap| Heads {
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        head_dim: hd as usize,
+        scale,
+        softcap,
+    };
+    let (qs, ks, vs) = (
+        f32_view(&q).expect("q"),
+        f32_view(&k).expect("k"),
+        f32_view(&v).expect("v"),
+    );
+    let got = decode(qs, ks, vs, &seqs, heads(Some(cap)), None);
+    let uncapped = decode(qs, ks, vs, &seqs, heads(None), None);
+    let idx = Tensor::from_slice(&table);
+    let kk = k
+        .index_select(0, &idx)
+        .transpose(0, 1)
+        .repeat_interleave_self_int(nh / nkv, 0, None);
+    let vv = v
+        .index_select(0, &idx)
+        .transpose(0, 1)
+        .repeat_interleave_self_int(nh / nkv, 0, None);
+    let w = q.transpose(0, 1).matmul(&kk.transpose(1, 2)) * (scale as f64);
+    let w = ((w / (cap as f64)).tanh() * (cap as f64)).softmax(-1, Kind::Float);
+    let want = w.matmul(&vv).transpose(0, 1).contiguous();
+    let want = f32_view(&want).expect("want").to_vec();
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(diff(&got, &want) < 1e-5, "max diff {}", diff(&got, &want));
+    assert!(diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
+}
+
+/// The AVX2 kernel against the portable body, for head dims of one
+/// vector to many (and pieces of the value sums: 24 is 16 + 8), over
+/// float32 and float16 caches: the same attention to float32 rounding
+/// (the sums are added in another order).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_kernel_matches_the_portable_body() {
+    if !*HAS_AVX2_FMA {
+        eprintln!("no AVX2, FMA and F16C on this CPU: nothing to compare");
+        return;
+    }
+    tch::manual_seed(17);
+    for hd in [8i64, 24, 64, 128, 256] {
+        let (nh, nkv, slots) = (6i64, 2i64, 300i64);
+        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 2.0;
+        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+        let q = Tensor::randn([2, nh, hd], (Kind::Float, Device::Cpu));
+        let table: Vec<i64> = (0..slots).map(|j| (j * 7) % slots).collect();
+        let s = DecodeSeq {
+            row: 1,
+            slots: &table,
+        };
+        let h = Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+            scale: (hd as f32).powf(-0.5),
+            softcap: None,
+        };
+        let qs = f32_view(&q).expect("q");
+        let n = (nh * hd) as usize;
+        let check = |got: &[f32], want: &[f32], what: &str| {
+            let worst = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "head dim {hd}, {what}: differs by {worst}");
+        };
+        let (ks, vs) = (f32_view(&k).expect("k"), f32_view(&v).expect("v"));
+        let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
+        #[allow(unsafe_code)]
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        let ran = unsafe { avx2::one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut got) };
+        assert!(ran, "head dim {hd} not taken");
+        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+        check(&got, &want, "float32 cache");
+        let (k16, v16) = (k.to_kind(Kind::Half), v.to_kind(Kind::Half));
+        let (ks, vs) = (
+            kv_view::<half::f16>(&k16).expect("k"),
+            kv_view::<half::f16>(&v16).expect("v"),
+        );
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        let ran = unsafe { avx2::one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut got) };
+        assert!(ran, "head dim {hd} not taken");
+        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+        check(&got, &want, "float16 cache");
+    }
+}
+
+/// Split over the workers (enough keys to split), every sequence's
+/// result is the one it gets alone on the calling thread, bit for bit:
+/// by sequences, and (one or two sequences) by runs of KV heads.
+#[test]
+fn split_over_workers_changes_nothing() {
+    tch::manual_seed(5);
+    let (nh, nkv, hd, slots) = (8i64, 4i64, 64i64, 1024i64);
+    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+    let q = Tensor::randn([7, nh, hd], (Kind::Float, Device::Cpu));
+    let tables: Vec<Vec<i64>> = (0..7)
+        .map(|i| (0..(40 + 150 * i)).map(|j| (j * 7 + i) % slots).collect())
+        .collect();
+    let seqs: Vec<DecodeSeq<'_>> = tables
+        .iter()
+        .enumerate()
+        .map(|(row, s)| DecodeSeq { row, slots: s })
+        .collect();
+    let h = Heads {
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        head_dim: hd as usize,
+        scale: 0.125,
+        softcap: None,
+    };
+    let (qs, ks, vs) = (
+        f32_view(&q).expect("q"),
+        f32_view(&k).expect("k"),
+        f32_view(&v).expect("v"),
+    );
+    for n in [1, 2, 7] {
+        let seqs = &seqs[7 - n..];
+        let alone = decode(qs, ks, vs, seqs, h, None);
+        for threads in [2, 3] {
+            let workers = crate::workers::Workers::new(threads).expect("workers");
+            assert_eq!(decode(qs, ks, vs, seqs, h, Some(&workers)), alone);
+        }
+    }
+}
+
+/// The kernel agrees with libtorch's SDPA on the gathered keys.
+#[test]
+fn matches_sdpa() {
+    tch::manual_seed(7);
+    let (nh, nkv, hd, slots) = (8i64, 2i64, 64i64, 64i64);
+    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
+    let q = Tensor::randn([3, nh, hd], (Kind::Float, Device::Cpu));
+    let tables: Vec<Vec<i64>> = vec![
+        (0..17).map(|i| (i * 3) % slots).collect(),
+        vec![5],
+        (10..60).collect(),
+    ];
+    let seqs: Vec<DecodeSeq<'_>> = tables
+        .iter()
+        .enumerate()
+        .map(|(row, s)| DecodeSeq { row, slots: s })
+        .collect();
+    let h = Heads {
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        head_dim: hd as usize,
+        scale: 1.0 / (hd as f32).sqrt(),
+        softcap: None,
+    };
+    let qs = f32_view(&q).expect("q");
+    let ks = f32_view(&k).expect("k");
+    let vs = f32_view(&v).expect("v");
+    let workers = crate::workers::Workers::new(2).expect("workers");
+    for pool in [None, Some(&workers)] {
+        let got = decode(qs, ks, vs, &seqs, h, pool);
+        for (i, t) in tables.iter().enumerate() {
+            let idx = Tensor::from_slice(t);
+            let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+            let vv = v.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+            let qq = q.narrow(0, i as i64, 1).transpose(0, 1).unsqueeze(0);
+            let want = Tensor::scaled_dot_product_attention::<Tensor>(
+                &qq, &kk, &vv, None, 0.0, false, None, true,
+            )
+            .squeeze_dim(0)
+            .transpose(0, 1)
+            .contiguous();
+            let want = f32_view(&want).expect("want").to_vec();
+            let per = (nh * hd) as usize;
+            let g = &got[i * per..(i + 1) * per];
+            let diff = g
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                diff < 1e-5,
+                "seq {i} pool {}: max diff {diff}",
+                pool.is_some()
+            );
+        }
+    }
+}
+
+/// Both ways of one sequence (the AVX-512 kernel where the CPU and head
+/// dim allow, and the portable body) agree with libtorch's SDPA on the
+/// gathered keys, for every head dim the AVX-512 kernel takes and one
+/// it does not, odd and even numbers of keys; with a float32 pool, and
+/// with a float16 one (against SDPA on its values widened to float32).
+#[test]
+fn both_paths_match_sdpa_for_every_head_dim() {
+    both_paths_match_sdpa::<f32>();
+    both_paths_match_sdpa::<half::f16>();
+}
+
+fn both_paths_match_sdpa<T: KvElem>() {
+    tch::manual_seed(13);
+    for hd in [16i64, 32, 64, 80, 128, 256] {
+        let (nh, nkv, slots) = (6i64, 2i64, 300i64);
+        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
+        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
+        let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 2.0;
+        let h = Heads {
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            head_dim: hd as usize,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
+        };
+        for len in [1usize, 2, 7, 64, 299] {
+            let table: Vec<i64> = (0..len as i64).map(|j| (j * 37 + 5) % slots).collect();
+            let s = DecodeSeq {
+                row: 0,
+                slots: &table,
+            };
+            let idx = Tensor::from_slice(&table);
+            let gather = |t: &Tensor| {
+                t.index_select(0, &idx)
+                    .to_kind(Kind::Float)
+                    .transpose(0, 1)
+                    .unsqueeze(0)
+            };
+            let (kk, vv) = (gather(&k), gather(&v));
+            let qq = q.transpose(0, 1).unsqueeze(0);
+            let want = Tensor::scaled_dot_product_attention::<Tensor>(
+                &qq, &kk, &vv, None, 0.0, false, None, true,
+            )
+            .squeeze_dim(0)
+            .transpose(0, 1)
+            .contiguous();
+            let want = f32_view(&want).expect("want").to_vec();
+            let (qs, ks, vs) = (
+                f32_view(&q).expect("q"),
+                kv_view::<T>(&k).expect("k"),
+                kv_view::<T>(&v).expect("v"),
+            );
+            let mut fast = vec![0f32; (nh * hd) as usize];
+            let mut portable = fast.clone();
+            one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut fast);
+            one_seq_portable(qs, ks, vs, &s, h, 0..h.kv_heads, &mut portable);
+            for (name, got) in [("dispatched", &fast), ("portable", &portable)] {
+                let diff = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    diff < 2e-5,
+                    "{:?} pool, hd {hd}, {len} keys, {name}: max diff {diff}",
+                    T::KIND
+                );
+            }
+        }
+    }
+}
