@@ -33,7 +33,11 @@
 //! p50) is shown as a share of it (target for gyre on an f32 file: >= 80%);
 //! the bandwidth is measured just before each 1-stream round (the median
 //! counts), since it moved 2x within minutes on the shared machine, as
-//! well as once at the start of the run. At 16 streams, 2 x the matrices'
+//! well as once at the start of the run. Beside it, the memory read
+//! bandwidth (measured at the same moments) against the weights' bytes read
+//! per second: a decode reads and barely writes, and on a machine that reads
+//! slower than it copies (a 2-core Zen 3 here: 31-33 GB/s read, 43-53 GB/s
+//! copied) the copy-based limit is out of reach. At 16 streams, 2 x the matrices'
 //! parameters x output tok/s is shown against the f32 matrix-product peak,
 //! measured once per run.
 
@@ -103,6 +107,10 @@ struct Level {
     /// before each round (both servers' rounds follow it), for the decode
     /// rate's share of the bandwidth limit at the time.
     copy_bandwidth: Option<f64>,
+    /// At 1 stream, the median of the memory read bandwidth measured just
+    /// before each round, beside the copy bandwidth: the most a decode,
+    /// which reads its weights and writes little, could stream.
+    read_bandwidth: Option<f64>,
 }
 
 impl Level {
@@ -332,13 +340,19 @@ async fn measure_started(
     for &n in &ctx.streams {
         let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         let mut records: [Vec<Record>; 2] = [Vec::new(), Vec::new()];
-        let mut bandwidths = Vec::new();
+        let (mut bandwidths, mut reads) = (Vec::new(), Vec::new());
         for r in 0..ctx.rounds.max(1) {
             if n == 1 {
                 let threads = ctx.threads;
-                bandwidths.push(
-                    tokio::task::spawn_blocking(move || ceilings::copy_bandwidth(threads)).await?,
-                );
+                let (copy, read) = tokio::task::spawn_blocking(move || {
+                    (
+                        ceilings::copy_bandwidth(threads),
+                        ceilings::read_bandwidth(threads),
+                    )
+                })
+                .await?;
+                bandwidths.push(copy);
+                reads.push(read);
             }
             let first = (index + r) % 2;
             for e in [first, 1 - first] {
@@ -355,6 +369,7 @@ async fn measure_started(
                 rounds_tok_per_s: std::mem::take(&mut rates[e]),
                 summary: Summary::of(&records[e]),
                 copy_bandwidth: (!bandwidths.is_empty()).then(|| super::median(&bandwidths)),
+                read_bandwidth: (!reads.is_empty()).then(|| super::median(&reads)),
             });
         }
     }
@@ -446,6 +461,7 @@ async fn compare(
         "params_per_token": info.params_per_token(),
         "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_limit_tok_per_s": bandwidth / info.bytes_per_token() as f64,
+        "read_bandwidth_bytes_per_s": gyre.iter().find_map(|l| l.read_bandwidth),
         "gyre": gyre,
         "llama_cpp": llama,
     });
@@ -611,6 +627,31 @@ fn model_rows(
                 row = row.value(share(g));
             }
             rows.push(row);
+            // The same decode against what reading alone reaches here: the
+            // copy bandwidth counts bytes written too, and where a machine
+            // reads slower than it copies, the limit above is out of reach.
+            if let Some(read) = g.read_bandwidth {
+                let streamed = |level: &Level| bytes * level.decode_tok_per_s();
+                let show = |level: &Level| {
+                    format!(
+                        "{:.1} GB/s, {:.0}%",
+                        streamed(level) / 1e9,
+                        100.0 * streamed(level) / read
+                    )
+                };
+                rows.push(
+                    Row::new(
+                        "L1",
+                        &format!(
+                            "  1 stream: weights read per second vs read bandwidth ({:.1} GB/s)",
+                            read / 1e9
+                        ),
+                    )
+                    .gyre(show(g))
+                    .reference(show(l))
+                    .value(streamed(g) / read),
+                );
+            }
         } else if let Some(peak) = &ceilings.matmul {
             let flops = |level: &Level| 2.0 * info.params_per_token() as f64 * level.tok_per_s;
             let show = |level: &Level| {
@@ -662,6 +703,7 @@ mod tests {
             rounds_tok_per_s: vec![tok_per_s],
             summary: Summary::of(&[record(64, gap_ms)]),
             copy_bandwidth: None,
+            read_bandwidth: None,
         }
     }
 
@@ -743,5 +785,14 @@ mod tests {
             rows[2].metric
         );
         assert_eq!(rows[2].gyre, "100.0 tok/s, 50%");
+        // With a read bandwidth measured, a row of the weights' bytes read
+        // per second against it: 4 MB x 100 tok/s = 0.4 GB/s of 0.5.
+        gyre[0].read_bandwidth = Some(0.5e9);
+        let rows = model_rows("m (F32, 1 M params)", &info, &ceilings, &gyre, &llama);
+        assert_eq!(rows.len(), 7);
+        assert!(rows[3].metric.contains("read bandwidth (0.5 GB/s)"));
+        assert_eq!(rows[3].gyre, "0.4 GB/s, 80%");
+        assert_eq!(rows[3].reference, "0.8 GB/s, 160%");
+        assert_eq!(rows[3].ratio, Some(0.8));
     }
 }
