@@ -26,9 +26,9 @@
 //! the quants, unsigned as stored, are widened to int16 (for two rows at
 //! a time, [`wide_rows`]), so each block's `128 q.w + q2.w` is one chain
 //! of `vpmaddwd` (pairs of int16 products summed into int32) instead of
-//! two chains of `vpmaddubsw` and `vpmaddwd`. Each product is at most 255 * 16,449 in
-//! magnitude and a block's 32 sum to under 2^28, so the integers are exact
-//! and equal the two chains'. (Q4's quants are summed in int16 before any
+//! two chains of `vpmaddubsw` and `vpmaddwd`. Each product is at most
+//! 255 * 16,449 in magnitude and a block's 32 sum to under 2^28, so the
+//! integers are exact and equal the two chains'. (Q4's quants are summed in int16 before any
 //! widening, which the int16 way cannot match: for them it measured slower.)
 
 #![allow(unsafe_code)]

@@ -34,12 +34,12 @@
 //! the bandwidth is measured just before each 1-stream round (the median
 //! counts), since it moved 2x within minutes on the shared machine, as
 //! well as once at the start of the run. Beside it, the memory read
-//! bandwidth (measured at the same moments) against the weights' bytes read
-//! per second: a decode reads and barely writes, and on a machine that reads
-//! slower than it copies (a 2-core Zen 3 here: 31-33 GB/s read, 43-53 GB/s
-//! copied) the copy-based limit is out of reach. At 16 streams, 2 x the matrices'
-//! parameters x output tok/s is shown against the f32 matrix-product peak,
-//! measured once per run.
+//! bandwidth (measured at the same moments) against the weights' bytes
+//! read per second: a decode reads and barely writes, and on a machine
+//! that reads slower than it copies (a 2-core Zen 3 here: 27-33 GB/s read,
+//! 33-53 GB/s copied) the copy-based limit is out of reach. At 16 streams,
+//! 2 x the matrices' parameters x output tok/s is shown against the f32
+//! matrix-product peak, measured once per run.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
