@@ -1,5 +1,39 @@
 use super::*;
 
+/// A float32 CPU tensor of standard normal values.
+fn randn(shape: [i64; 3]) -> Tensor {
+    Tensor::randn(shape, (Kind::Float, Device::Cpu))
+}
+
+/// `nh` query heads over `nkv` KV heads of `hd`, scaled by `scale`, no
+/// soft cap.
+fn heads(nh: i64, nkv: i64, hd: i64, scale: f32) -> Heads {
+    Heads {
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        head_dim: hd as usize,
+        scale,
+        softcap: None,
+    }
+}
+
+/// One decode sequence per block table, on rows 0, 1, ...
+fn seqs_of(tables: &[Vec<i64>]) -> Vec<DecodeSeq<'_>> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(row, s)| DecodeSeq { row, slots: s })
+        .collect()
+}
+
+/// The largest absolute difference between two outputs.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 /// The softmax exponential against the standard library's.
 #[test]
 fn exp_is_accurate() {
@@ -25,29 +59,26 @@ fn exp_is_accurate() {
 fn soft_capped_scores_match_eager_attention() {
     tch::manual_seed(11);
     let (nh, nkv, hd, slots) = (4i64, 2i64, 16i64, 40i64);
-    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 3.0;
-    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-    let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 3.0;
+    let k = randn([slots, nkv, hd]) * 3.0;
+    let v = randn([slots, nkv, hd]);
+    let q = randn([1, nh, hd]) * 3.0;
     let table: Vec<i64> = (0..slots).rev().collect();
     let seqs = [DecodeSeq {
         row: 0,
         slots: &table,
     }];
     let (scale, cap) = (0.125f32, 5.0f32);
-    let heads = |softcap| Heads {
-        heads: nh as usize,
-        kv_heads: nkv as usize,
-        head_dim: hd as usize,
-        scale,
+    let capped = |softcap| Heads {
         softcap,
+        ..heads(nh, nkv, hd, scale)
     };
     let (qs, ks, vs) = (
         f32_view(&q).expect("q"),
         f32_view(&k).expect("k"),
         f32_view(&v).expect("v"),
     );
-    let got = decode(qs, ks, vs, &seqs, heads(Some(cap)), None);
-    let uncapped = decode(qs, ks, vs, &seqs, heads(None), None);
+    let got = decode(qs, ks, vs, &seqs, capped(Some(cap)), None);
+    let uncapped = decode(qs, ks, vs, &seqs, capped(None), None);
     let idx = Tensor::from_slice(&table);
     let kk = k
         .index_select(0, &idx)
@@ -61,14 +92,9 @@ fn soft_capped_scores_match_eager_attention() {
     let w = ((w / (cap as f64)).tanh() * (cap as f64)).softmax(-1, Kind::Float);
     let want = w.matmul(&vv).transpose(0, 1).contiguous();
     let want = f32_view(&want).expect("want").to_vec();
-    let diff = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max)
-    };
-    assert!(diff(&got, &want) < 1e-5, "max diff {}", diff(&got, &want));
-    assert!(diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
+    let diff = max_diff(&got, &want);
+    assert!(diff < 1e-5, "max diff {diff}");
+    assert!(max_diff(&uncapped, &want) > 1e-3, "the cap changed nothing");
 }
 
 /// The AVX2 kernel against the portable body, for head dims of one
@@ -85,29 +111,19 @@ fn avx2_kernel_matches_the_portable_body() {
     tch::manual_seed(17);
     for hd in [8i64, 24, 64, 128, 256] {
         let (nh, nkv, slots) = (6i64, 2i64, 300i64);
-        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)) * 2.0;
-        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-        let q = Tensor::randn([2, nh, hd], (Kind::Float, Device::Cpu));
+        let k = randn([slots, nkv, hd]) * 2.0;
+        let v = randn([slots, nkv, hd]);
+        let q = randn([2, nh, hd]);
         let table: Vec<i64> = (0..slots).map(|j| (j * 7) % slots).collect();
         let s = DecodeSeq {
             row: 1,
             slots: &table,
         };
-        let h = Heads {
-            heads: nh as usize,
-            kv_heads: nkv as usize,
-            head_dim: hd as usize,
-            scale: (hd as f32).powf(-0.5),
-            softcap: None,
-        };
+        let h = heads(nh, nkv, hd, (hd as f32).powf(-0.5));
         let qs = f32_view(&q).expect("q");
         let n = (nh * hd) as usize;
         let check = |got: &[f32], want: &[f32], what: &str| {
-            let worst = got
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let worst = max_diff(got, want);
             assert!(worst < 1e-5, "head dim {hd}, {what}: differs by {worst}");
         };
         let (ks, vs) = (f32_view(&k).expect("k"), f32_view(&v).expect("v"));
@@ -139,24 +155,14 @@ fn avx2_kernel_matches_the_portable_body() {
 fn split_over_workers_changes_nothing() {
     tch::manual_seed(5);
     let (nh, nkv, hd, slots) = (8i64, 4i64, 64i64, 1024i64);
-    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-    let q = Tensor::randn([7, nh, hd], (Kind::Float, Device::Cpu));
+    let k = randn([slots, nkv, hd]);
+    let v = randn([slots, nkv, hd]);
+    let q = randn([7, nh, hd]);
     let tables: Vec<Vec<i64>> = (0..7)
         .map(|i| (0..(40 + 150 * i)).map(|j| (j * 7 + i) % slots).collect())
         .collect();
-    let seqs: Vec<DecodeSeq<'_>> = tables
-        .iter()
-        .enumerate()
-        .map(|(row, s)| DecodeSeq { row, slots: s })
-        .collect();
-    let h = Heads {
-        heads: nh as usize,
-        kv_heads: nkv as usize,
-        head_dim: hd as usize,
-        scale: 0.125,
-        softcap: None,
-    };
+    let seqs = seqs_of(&tables);
+    let h = heads(nh, nkv, hd, 0.125);
     let (qs, ks, vs) = (
         f32_view(&q).expect("q"),
         f32_view(&k).expect("k"),
@@ -177,26 +183,16 @@ fn split_over_workers_changes_nothing() {
 fn matches_sdpa() {
     tch::manual_seed(7);
     let (nh, nkv, hd, slots) = (8i64, 2i64, 64i64, 64i64);
-    let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-    let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu));
-    let q = Tensor::randn([3, nh, hd], (Kind::Float, Device::Cpu));
+    let k = randn([slots, nkv, hd]);
+    let v = randn([slots, nkv, hd]);
+    let q = randn([3, nh, hd]);
     let tables: Vec<Vec<i64>> = vec![
         (0..17).map(|i| (i * 3) % slots).collect(),
         vec![5],
         (10..60).collect(),
     ];
-    let seqs: Vec<DecodeSeq<'_>> = tables
-        .iter()
-        .enumerate()
-        .map(|(row, s)| DecodeSeq { row, slots: s })
-        .collect();
-    let h = Heads {
-        heads: nh as usize,
-        kv_heads: nkv as usize,
-        head_dim: hd as usize,
-        scale: 1.0 / (hd as f32).sqrt(),
-        softcap: None,
-    };
+    let seqs = seqs_of(&tables);
+    let h = heads(nh, nkv, hd, 1.0 / (hd as f32).sqrt());
     let qs = f32_view(&q).expect("q");
     let ks = f32_view(&k).expect("k");
     let vs = f32_view(&v).expect("v");
@@ -217,11 +213,7 @@ fn matches_sdpa() {
             let want = f32_view(&want).expect("want").to_vec();
             let per = (nh * hd) as usize;
             let g = &got[i * per..(i + 1) * per];
-            let diff = g
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let diff = max_diff(g, &want);
             assert!(
                 diff < 1e-5,
                 "seq {i} pool {}: max diff {diff}",
@@ -246,16 +238,10 @@ fn both_paths_match_sdpa<T: KvElem>() {
     tch::manual_seed(13);
     for hd in [16i64, 32, 64, 80, 128, 256] {
         let (nh, nkv, slots) = (6i64, 2i64, 300i64);
-        let k = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
-        let v = Tensor::randn([slots, nkv, hd], (Kind::Float, Device::Cpu)).to_kind(T::KIND);
-        let q = Tensor::randn([1, nh, hd], (Kind::Float, Device::Cpu)) * 2.0;
-        let h = Heads {
-            heads: nh as usize,
-            kv_heads: nkv as usize,
-            head_dim: hd as usize,
-            scale: 1.0 / (hd as f32).sqrt(),
-            softcap: None,
-        };
+        let k = randn([slots, nkv, hd]).to_kind(T::KIND);
+        let v = randn([slots, nkv, hd]).to_kind(T::KIND);
+        let q = randn([1, nh, hd]) * 2.0;
+        let h = heads(nh, nkv, hd, 1.0 / (hd as f32).sqrt());
         for len in [1usize, 2, 7, 64, 299] {
             let table: Vec<i64> = (0..len as i64).map(|j| (j * 37 + 5) % slots).collect();
             let s = DecodeSeq {
@@ -288,11 +274,7 @@ fn both_paths_match_sdpa<T: KvElem>() {
             one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut fast);
             one_seq_portable(qs, ks, vs, &s, h, 0..h.kv_heads, &mut portable);
             for (name, got) in [("dispatched", &fast), ("portable", &portable)] {
-                let diff = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let diff = max_diff(got, &want);
                 assert!(
                     diff < 2e-5,
                     "{:?} pool, hd {hd}, {len} keys, {name}: max diff {diff}",
