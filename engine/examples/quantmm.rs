@@ -8,7 +8,10 @@
 //!
 //!     cargo run --release -p gyre-engine --example quantmm -- [rows,..] [threads] [iters]
 //!
-//! `SHAPE=n,k` times that weight shape alone.
+//! `SHAPE=n,k` times that weight shape alone; `FORMATS` (of q8_0, q4_1,
+//! q4_k, q6_k) and `ACTS` (of int8, int8-residual, f32) pick which, all
+//! but Q6_K by default.
+use gyre_engine::Activations;
 use gyre_engine::gguf::GgmlType;
 use gyre_engine::internals::{QuantKernel, time_quant_matmul};
 
@@ -34,14 +37,40 @@ fn main() {
             ("down", 576, 1536),
         ],
     };
+    let list = |var: &str, default: &str| -> Vec<String> {
+        std::env::var(var)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+            .map(|s| s.trim().to_lowercase())
+            .collect()
+    };
+    let formats: Vec<GgmlType> = list("FORMATS", "q8_0,q4_1,q4_k")
+        .iter()
+        .map(|f| match f.as_str() {
+            "q8_0" => GgmlType::Q8_0,
+            "q4_1" => GgmlType::Q4_1,
+            "q4_k" => GgmlType::Q4K,
+            "q6_k" => GgmlType::Q6K,
+            other => panic!("FORMATS: unknown format {other}"),
+        })
+        .collect();
+    let acts: Vec<Activations> = list("ACTS", "int8,int8-residual,f32")
+        .iter()
+        .map(|a| match a.as_str() {
+            "int8" => Activations::Int8,
+            "int8-residual" => Activations::Int8Residual,
+            "f32" => Activations::F32,
+            other => panic!("ACTS: unknown activations {other}"),
+        })
+        .collect();
     for kernel in kernels.into_iter().filter(|k| k.runs_here()) {
-        for fmt in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4K] {
+        for &fmt in &formats {
             for &m in &rows {
                 for &(name, n, k) in &shapes {
                     let k = k.next_multiple_of(fmt.block().0);
                     let it = (iters * 64 / m.max(1)).max(3);
-                    let times =
-                        time_quant_matmul(fmt, n, k, m, threads, it, kernel).expect("timing");
+                    let times = time_quant_matmul(fmt, (n, k, m), threads, it, kernel, &acts)
+                        .expect("timing");
                     let line: Vec<String> = times
                         .iter()
                         .map(|(acts, ms)| {

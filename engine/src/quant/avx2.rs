@@ -118,7 +118,7 @@ unsafe fn quants(fmt: Format, gb: *const u8, h: usize) -> [__m256i; 8] {
 /// Half `h`'s 8 scales and (Q4_1, Q4_K) mins, or (Q6_K) 8 scales of the
 /// first and of the second 16 values, of a group-block.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
+pub(super) unsafe fn scales(fmt: Format, gb: *const u8, h: usize) -> (__m256, __m256) {
     let qb = fmt.quant_bytes();
     // SAFETY: the 16 scales (and 16 mins) follow the quants: f16, or
     // Q4_K's f32.
@@ -180,7 +180,7 @@ unsafe fn block_dot(
 /// What [`int8`] and [`wide_rows`] read without bounds checks: `values`
 /// activations (quants, or wide ones) for the first `rows` rows, and each
 /// of their blocks' scale, corrections and sums.
-fn check(fmt: Format, x: &QuantizedRows, values: usize, rows: usize, blocks: usize) {
+pub(super) fn check(fmt: Format, x: &QuantizedRows, values: usize, rows: usize, blocks: usize) {
     let n_blocks = rows * blocks;
     assert!(rows * blocks * super::QK <= values);
     assert!(n_blocks <= x.scale.len() && n_blocks <= x.corr.len() && n_blocks <= x.sx.len());

@@ -51,6 +51,8 @@ mod activations;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod panel;
 mod rows;
 #[cfg(test)]
 mod tests;
@@ -176,6 +178,26 @@ impl Format {
             Self::Q6K => 32,
         }
     }
+}
+
+/// Rows of a part of the panel product (see `panel.rs`).
+#[cfg(target_arch = "x86_64")]
+const PANEL_PART: usize = 64;
+
+/// The fewest rows the panel product takes (AVX2, byte quants, residual;
+/// see `panel.rs`): 4, where it measured as fast as two-row tiles or
+/// faster on a Zen 3 (at 1 and 2 rows, widening a panel for so few rows
+/// costs more than it saves). `GYRE_PANEL_MIN` sets it, for measuring one
+/// against the other (a large value turns it off). Read once.
+#[cfg(target_arch = "x86_64")]
+fn panel_min() -> usize {
+    static MIN: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+        std::env::var("GYRE_PANEL_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
+    });
+    *MIN
 }
 
 /// Which kernel multiplies activations with the quantized weights.
@@ -450,6 +472,30 @@ impl QuantMatrix {
             Activations::F32 => Rows::F32(F32Rows::new(x, m, self.k)),
         };
         let groups = self.n.div_ceil(NG);
+        #[cfg(target_arch = "x86_64")]
+        if let Rows::Int8(q) = &rows
+            && kernel == Kernel::Avx2
+            && self.fmt.byte_quants()
+            && !q.wide.is_empty()
+            && m >= panel_min()
+        {
+            // Panels of up to 6 groups, at least two a thread where there
+            // are enough groups; rows in parts of 64 (prefill's many).
+            let per = groups
+                .div_ceil(workers.threads() * 2)
+                .clamp(1, panel::GROUPS);
+            let panels = groups.div_ceil(per);
+            let parts = m.div_ceil(PANEL_PART);
+            let out_ptr = SendPtr(out);
+            let out_ptr = &out_ptr;
+            workers.run(panels * parts, |c| {
+                let (p, rp) = (c / parts, c % parts);
+                let gs = (p * per, ((p + 1) * per).min(groups));
+                let rs = (rp * PANEL_PART, ((rp + 1) * PANEL_PART).min(m));
+                panel::columns(self, q, m, gs, rs, out_ptr.0);
+            });
+            return;
+        }
         let chunks = (workers.threads() * 4).clamp(1, groups);
         let per = groups.div_ceil(chunks);
         let out_ptr = SendPtr(out);
@@ -635,18 +681,17 @@ unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
 /// Times `x W^T` with a random weight of `fmt` ([n, k]) against f32
-/// activations [m, k], for each kind of activations, on `threads` workers
+/// activations [m, k] (`(n, k, m)`), for each kind of activations in `acts`, on `threads` workers
 /// with `kernel`'s tiles:
 /// `(activations, mean ms per call)`, after one warm-up call. For
 /// profiling the kernels (`engine/examples/quantmm.rs`), not a test.
 pub fn time_matmul(
     fmt: crate::gguf::GgmlType,
-    n: usize,
-    k: usize,
-    m: usize,
+    (n, k, m): (usize, usize, usize),
     threads: usize,
     iters: usize,
     kernel: Kernel,
+    acts: &[Activations],
 ) -> Result<Vec<(Activations, f64)>, EngineError> {
     if !kernel.runs_here() {
         return Err(EngineError::Unsupported(format!(
@@ -692,11 +737,7 @@ pub fn time_matmul(
     let workers = crate::gemm::Workers::new(threads)?;
     let mut out = vec![0f32; m * n];
     let mut res = Vec::new();
-    for acts in [
-        Activations::Int8,
-        Activations::Int8Residual,
-        Activations::F32,
-    ] {
+    for &acts in acts {
         w.matmul_to(&x, m, acts, kernel, &workers, out.as_mut_ptr());
         let t = std::time::Instant::now();
         for _ in 0..iters {

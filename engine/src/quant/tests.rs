@@ -278,6 +278,46 @@ fn simd_and_portable_kernels_agree_exactly() {
     }
 }
 
+/// The AVX2 panel product (byte quants with the residual, from 4 rows):
+/// panels of every width (1 to 6 groups, a partial last group), row
+/// parts past 64 and the threads' splits give the portable kernel's bits.
+#[test]
+fn avx2_panel_agrees_exactly_at_every_width() {
+    if !Kernel::Avx2.runs_here() {
+        return;
+    }
+    tch::manual_seed(17);
+    // Panels of 6 and 2 groups (one thread), 4 (two), 3 (three); 5; 1.
+    for (fmt, n) in [Format::Q8_0, Format::Q6K]
+        .into_iter()
+        .flat_map(|f| [(f, 16 * 13 + 5), (f, 16 * 10), (f, 17)])
+    {
+        let k = fit(fmt, 256);
+        let w = QuantMatrix::new(&random_rows(fmt, n, k, 21));
+        let x = Tensor::randn([130, k as i64], (Kind::Float, Device::Cpu)) * 3.0;
+        let _ = x.narrow(1, 0, 32).fill_(0.0);
+        for m in [4i64, 5, 7, 33, 64, 65, 130] {
+            let x = x.narrow(0, 0, m);
+            let xs = crate::attn::f32_view(&x).expect("view");
+            let m = m as usize;
+            let mut want = vec![0f32; m * n];
+            let one = crate::gemm::Workers::new(1).expect("workers");
+            let acts = Activations::Int8Residual;
+            w.matmul(xs, m, acts, Kernel::Portable, &one, &mut want);
+            for threads in [1, 2, 3] {
+                let workers = crate::gemm::Workers::new(threads).expect("workers");
+                let mut got = vec![f32::NAN; m * n];
+                w.matmul(xs, m, acts, Kernel::Avx2, &workers, &mut got);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{fmt:?} m={m} threads={threads}");
+            }
+        }
+    }
+}
+
 /// A row read back from the repacked layout (the embedding lookup) is
 /// ggml's dequantization of it, bit for bit.
 #[test]

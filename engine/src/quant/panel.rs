@@ -1,0 +1,247 @@
+//! The AVX2 product for byte quants (Q8_0, Q6_K) with the residual from
+//! a few rows up (`PANEL_MIN` in `mod.rs`): the same integers and float
+//! operations as [`super::avx2`]'s `wide_rows` (so the same bits), with
+//! each block's quants widened once for all the rows instead of once per
+//! row pair.
+//!
+//! Per block, up to six groups' quants (96 columns) are widened into a
+//! panel of int16 with the offset taken off (signed, so no correction:
+//! `sum (q - off) x` is exactly the `q.x - corr` the other kernels
+//! compute), laid out per k-pair as 8 columns x 2 k a vector. One
+//! `vpmaddwd` of a panel vector with a row's 2 activations broadcast then
+//! gives each column's pair sum in its own lane, and no horizontal add is
+//! left for the block's end. A row keeps 12 sums in registers (one per 8
+//! columns) and takes one broadcast per k-pair for all 96 columns: per
+//! 192 multiply-adds, 12 `vpmaddwd` (each reading its panel vector from
+//! L1) and 12 `vpaddd`, against `wide_rows`' 22 instructions per 128
+//! (it widens the quants again for every second row and broadcasts per 16
+//! columns). That loop is in assembly (see [`sums!`]). Each block's integer
+//! sums go into the rows' float accumulators (96 a row, on the stack) in k
+//! order, as everywhere.
+
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{NG, QuantMatrix, QuantizedRows, avx2};
+
+/// Groups in a panel at most (two vectors of 8 columns each).
+pub(super) const GROUPS: usize = 6;
+/// Rows whose float accumulators are held while their blocks are summed.
+const ROWS: usize = 32;
+/// k-pairs per block.
+const PAIRS: usize = super::QK / 2;
+
+/// Columns of groups `g0 .. g1` of every one of the `m` rows into `out`
+/// (`m` rows of `n` floats): panels of up to [`GROUPS`] groups. The caller
+/// checked the CPU (AVX2, FMA, F16C), that the format's quants are bytes
+/// and that `x` holds wide activations.
+pub(super) fn columns(
+    w: &QuantMatrix,
+    x: &QuantizedRows,
+    m: usize,
+    (g0, g1): (usize, usize),
+    rows: (usize, usize),
+    out: *mut f32,
+) {
+    let mut g = g0;
+    while g < g1 {
+        let ng = GROUPS.min(g1 - g);
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            match ng {
+                1 => panel::<2>(w, x, m, g, rows, out),
+                2 => panel::<4>(w, x, m, g, rows, out),
+                3 => panel::<6>(w, x, m, g, rows, out),
+                4 => panel::<8>(w, x, m, g, rows, out),
+                5 => panel::<10>(w, x, m, g, rows, out),
+                _ => panel::<12>(w, x, m, g, rows, out),
+            }
+        }
+        g += ng;
+    }
+}
+
+/// One panel: `V / 2` groups from `g`, rows `r0 .. r1` of `m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel<const V: usize>(
+    w: &QuantMatrix,
+    x: &QuantizedRows,
+    m: usize,
+    g: usize,
+    (r0, r1): (usize, usize),
+    out: *mut f32,
+) {
+    let fmt = w.fmt;
+    let blocks = w.blocks();
+    avx2::check(fmt, x, x.wide.len(), m, blocks);
+    assert!(fmt.byte_quants() && r0 <= r1 && r1 <= m && g + V / 2 <= w.n.div_ceil(NG));
+    let stride = fmt.stride();
+    let off = _mm256_set1_epi16(fmt.offset() as i16);
+    // Within each 128-bit lane (4 columns x 4 k as stored), the bytes of
+    // k 0, 1 (`lo`) or k 2, 3 (`hi`) of each column, each widened to int16
+    // (an index with the top bit set gives 0).
+    let z = -128i8;
+    let lo = _mm256_setr_epi8(
+        0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12, z, 13, z, 0, z, 1, z, 4, z, 5, z, 8, z, 9, z, 12,
+        z, 13, z,
+    );
+    let hi = _mm256_setr_epi8(
+        2, z, 3, z, 6, z, 7, z, 10, z, 11, z, 14, z, 15, z, 2, z, 3, z, 6, z, 7, z, 10, z, 11, z,
+        14, z, 15, z,
+    );
+    let mut wide = [[_mm256_setzero_si256(); V]; PAIRS];
+    let mut d = [[_mm256_setzero_ps(); V]; 2];
+    let mut acc = [[0f32; 96]; ROWS];
+    let n = w.n;
+    let mut r = r0;
+    while r < r1 {
+        let nr = ROWS.min(r1 - r);
+        for a in &mut acc[..nr] {
+            a[..8 * V].fill(0.0);
+        }
+        for b in 0..blocks {
+            for v in 0..V {
+                let (gi, h) = (v / 2, v % 2);
+                let gb = w.group_block(g + gi, b).as_ptr();
+                // SAFETY: `gb` is a whole group-block: 512 bytes of quants
+                // (64 per k-quad, half h's 32 at 32 h), then the scales.
+                unsafe {
+                    if h == 0 && r == r0 {
+                        // The block after next of this group.
+                        super::prefetch_next_group(gb, 2 * stride, stride);
+                    }
+                    for q in 0..PAIRS / 2 {
+                        let s = _mm256_loadu_si256(gb.add(q * 64 + h * 32).cast());
+                        wide[2 * q][v] = _mm256_sub_epi16(_mm256_shuffle_epi8(s, lo), off);
+                        wide[2 * q + 1][v] = _mm256_sub_epi16(_mm256_shuffle_epi8(s, hi), off);
+                    }
+                    let (s0, s1) = avx2::scales(fmt, gb, h);
+                    d[0][v] = s0;
+                    d[1][v] = s1;
+                }
+            }
+            for (j, acc) in acc[..nr].iter_mut().enumerate() {
+                let i = (r + j) * blocks + b;
+                // SAFETY: row r + j < m, so block i is within the checked
+                // arrays, its 32 wide activations at 32 i.
+                unsafe {
+                    let xw = x.wide.as_ptr().add(i * 32);
+                    let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
+                    row::<V>(&wide, &d, fmt.halves(), xw, xs, acc);
+                }
+            }
+        }
+        let cols = (8 * V).min(n - g * NG);
+        for (j, a) in acc[..nr].iter().enumerate() {
+            // SAFETY: `out` holds m rows of n floats; row r + j < m and the
+            // columns g * 16 .. + cols lie within n, no other task's.
+            unsafe {
+                std::ptr::copy_nonoverlapping(a.as_ptr(), out.add((r + j) * n + g * NG), cols);
+            }
+        }
+        r += nr;
+    }
+}
+
+/// One row's block: the `V` vectors' integer sums over the panel's
+/// k-pairs (Q6_K: each 8 apart), times the scales `d` and the activations'
+/// scale `xs`, added into `acc` (8 columns a vector).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row<const V: usize>(
+    wide: &[[__m256i; V]; PAIRS],
+    d: &[[__m256; V]; 2],
+    halves: bool,
+    xw: *const i16,
+    xs: __m256,
+    acc: &mut [f32; 96],
+) {
+    const { assert!(V >= 2 && V <= 12 && V.is_multiple_of(2)) };
+    let (parts, per) = if halves { (2, PAIRS / 2) } else { (1, PAIRS) };
+    let mut s = [_mm256_setzero_si256(); V];
+    for (part, d) in d.iter().enumerate().take(parts) {
+        let p0 = part * per;
+        // SAFETY: pairs p0 .. p0 + per of the panel and of the row-block's
+        // 32 int16 activations (2 a pair); `s` holds V vectors.
+        unsafe {
+            let (w, x) = (wide[p0].as_ptr(), xw.cast::<i32>().add(p0));
+            match V {
+                2 => sums2(w, x, per, s.as_mut_ptr()),
+                4 => sums4(w, x, per, s.as_mut_ptr()),
+                6 => sums6(w, x, per, s.as_mut_ptr()),
+                8 => sums8(w, x, per, s.as_mut_ptr()),
+                10 => sums10(w, x, per, s.as_mut_ptr()),
+                _ => sums12(w, x, per, s.as_mut_ptr()),
+            }
+        }
+        for ((s, &d), a) in s.iter().zip(d).zip(acc.chunks_exact_mut(8)) {
+            // SAFETY: `a` is 8 floats.
+            unsafe {
+                let prev = _mm256_loadu_ps(a.as_ptr());
+                let sum = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(*s), prev);
+                _mm256_storeu_ps(a.as_mut_ptr(), sum);
+            }
+        }
+    }
+}
+
+/// `sumsV(w, x, pairs, out)` (`sums!`): the `V` int32 vectors `sum_p vpmaddwd(w[p][v],
+/// x[p] broadcast)` over `pairs` k-pairs, `w` the panel's pairs (`V`
+/// vectors each, in order), `x` the row's activation pairs, into `out`.
+/// In assembly: the same loop in intrinsics reached half the speed, its
+/// sums spilled and re-associated across the unrolled pairs; this one
+/// keeps each vector's sum in its own register (ymm0..), one broadcast
+/// (ymm15) and one product (ymm14) at a time, the quants read from the
+/// panel by `vpmaddwd` itself.
+macro_rules! sums {
+    ($name:ident, $stride:literal, $($acc:literal @ $off:literal),+) => {
+        /// # Safety
+        /// AVX2; `w` holds `pairs` x V vectors, `x` `pairs` int32, `out` V
+        /// vectors; `pairs` > 0.
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn $name(w: *const __m256i, x: *const i32, pairs: usize, out: *mut __m256i) {
+            // SAFETY: the caller's promises: every address read or written
+            // is within `w`, `x` or `out`.
+            unsafe {
+                std::arch::asm!(
+                    $( concat!("vpxor ymm", $acc, ", ymm", $acc, ", ymm", $acc), )+
+                    "2:",
+                    "vpbroadcastd ymm15, dword ptr [{x}]",
+                    $(
+                        concat!("vpmaddwd ymm14, ymm15, ymmword ptr [{w} + ", $off, "]"),
+                        concat!("vpaddd ymm", $acc, ", ymm", $acc, ", ymm14"),
+                    )+
+                    concat!("add {w}, ", $stride),
+                    "add {x}, 4",
+                    "dec {n}",
+                    "jnz 2b",
+                    $( concat!("vmovdqu ymmword ptr [{out} + ", $off, "], ymm", $acc), )+
+                    w = inout(reg) w => _,
+                    x = inout(reg) x => _,
+                    n = inout(reg) pairs => _,
+                    out = in(reg) out,
+                    out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                    out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                    out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+                    out("ymm14") _, out("ymm15") _,
+                    options(nostack),
+                );
+            }
+        }
+    };
+}
+
+sums!(sums2, 64, 0 @ 0, 1 @ 32);
+sums!(sums4, 128, 0 @ 0, 1 @ 32, 2 @ 64, 3 @ 96);
+sums!(sums6, 192, 0 @ 0, 1 @ 32, 2 @ 64, 3 @ 96, 4 @ 128, 5 @ 160);
+sums!(sums8, 256, 0 @ 0, 1 @ 32, 2 @ 64, 3 @ 96, 4 @ 128, 5 @ 160, 6 @ 192, 7 @ 224);
+sums!(
+    sums10, 320, 0 @ 0, 1 @ 32, 2 @ 64, 3 @ 96, 4 @ 128, 5 @ 160, 6 @ 192, 7 @ 224, 8 @ 256,
+    9 @ 288
+);
+sums!(
+    sums12, 384, 0 @ 0, 1 @ 32, 2 @ 64, 3 @ 96, 4 @ 128, 5 @ 160, 6 @ 192, 7 @ 224, 8 @ 256,
+    9 @ 288, 10 @ 320, 11 @ 352
+);
