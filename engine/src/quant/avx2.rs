@@ -28,8 +28,10 @@
 //! of `vpmaddwd` (pairs of int16 products summed into int32) instead of
 //! two chains of `vpmaddubsw` and `vpmaddwd`. Each product is at most
 //! 255 * 16,449 in magnitude and a block's 32 sum to under 2^28, so the
-//! integers are exact and equal the two chains'. (Q4's quants are summed in int16 before any
-//! widening, which the int16 way cannot match: for them it measured slower.)
+//! integers are exact and equal the two chains'. (For Q4 at one to three
+//! rows, whose quants are summed in int16 before any widening, the int16
+//! way measured slower; from four rows every format takes it, with the
+//! quants widened once for all rows, in `panel.rs`.)
 
 #![allow(unsafe_code)]
 

@@ -189,7 +189,6 @@ const PANEL_PART: usize = 64;
 /// faster on a Zen 3 (at 1 and 2 rows, widening a panel for so few rows
 /// costs more than it saves). `GYRE_PANEL_MIN` sets it, for measuring one
 /// against the other (a large value turns it off). Read once.
-#[cfg(target_arch = "x86_64")]
 fn panel_min() -> usize {
     static MIN: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
         std::env::var("GYRE_PANEL_MIN")
@@ -464,7 +463,9 @@ impl QuantMatrix {
                     self.fmt.halves(),
                     Some(workers),
                 );
-                if kernel == Kernel::Avx2 && self.fmt.byte_quants() {
+                // The AVX2 kernels' int16 activations: for byte quants, and
+                // for the panel product (every format) from its fewest rows.
+                if kernel == Kernel::Avx2 && (self.fmt.byte_quants() || m >= panel_min()) {
                     q.widen();
                 }
                 Rows::Int8(q)
@@ -475,7 +476,6 @@ impl QuantMatrix {
         #[cfg(target_arch = "x86_64")]
         if let Rows::Int8(q) = &rows
             && kernel == Kernel::Avx2
-            && self.fmt.byte_quants()
             && !q.wide.is_empty()
             && m >= panel_min()
         {

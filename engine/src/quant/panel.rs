@@ -1,23 +1,25 @@
-//! The AVX2 product for byte quants (Q8_0, Q6_K) with the residual from
-//! a few rows up (`PANEL_MIN` in `mod.rs`): the same integers and float
-//! operations as [`super::avx2`]'s `wide_rows` (so the same bits), with
-//! each block's quants widened once for all the rows instead of once per
-//! row pair.
+//! The AVX2 product with the residual from a few rows up (`panel_min` in
+//! `mod.rs`), for every format: the same integers and float operations as
+//! the other AVX2 kernels (`avx2.rs`; so the same bits), with each block's
+//! quants widened once for all the rows instead of once per row or row
+//! pair.
 //!
-//! Per block, up to six groups' quants (96 columns) are widened into a
-//! panel of int16 with the offset taken off (signed, so no correction:
-//! `sum (q - off) x` is exactly the `q.x - corr` the other kernels
-//! compute), laid out per k-pair as 8 columns x 2 k a vector. One
-//! `vpmaddwd` of a panel vector with a row's 2 activations broadcast then
-//! gives each column's pair sum in its own lane, and no horizontal add is
-//! left for the block's end. A row keeps 12 sums in registers (one per 8
-//! columns) and takes one broadcast per k-pair for all 96 columns: per
-//! 192 multiply-adds, 12 `vpmaddwd` (each reading its panel vector from
-//! L1) and 12 `vpaddd`, against `wide_rows`' 22 instructions per 128
-//! (it widens the quants again for every second row and broadcasts per 16
-//! columns). That loop is in assembly (see [`sums!`]). Each block's integer
-//! sums go into the rows' float accumulators (96 a row, on the stack) in k
-//! order, as everywhere.
+//! Per block, up to six groups' quants (96 columns; bytes, or Q4's
+//! nibbles) are widened into a panel of int16 with the offset taken off
+//! (signed, so no correction: `sum (q - off) x` is exactly the
+//! `q.x - corr` the other kernels compute), laid out per k-pair as 8
+//! columns x 2 k a vector. One `vpmaddwd` of a panel vector with a row's
+//! 2 activations broadcast then gives each column's pair sum in its own
+//! lane, and no horizontal add is left for the block's end. A row keeps 12
+//! sums in registers (one per 8 columns) and takes one broadcast per
+//! k-pair for all 96 columns: per 192 multiply-adds, 12 `vpmaddwd` (each
+//! reading its panel vector from L1) and 12 `vpaddd`, against
+//! `wide_rows`' 22 instructions per 128 (it widens the quants again for
+//! every second row and broadcasts per 16 columns; Q4 with the residual
+//! takes two chains of `vpmaddubsw` there). That loop is in assembly (see
+//! [`sums!`]). Each block's integer sums go into the rows' float
+//! accumulators (96 a row, on the stack) in k order, then Q4_1's and
+//! Q4_K's mins times the block's sum, as everywhere.
 
 #![allow(unsafe_code)]
 
@@ -75,9 +77,10 @@ unsafe fn panel<const V: usize>(
     let fmt = w.fmt;
     let blocks = w.blocks();
     avx2::check(fmt, x, x.wide.len(), m, blocks);
-    assert!(fmt.byte_quants() && r0 <= r1 && r1 <= m && g + V / 2 <= w.n.div_ceil(NG));
+    assert!(r0 <= r1 && r1 <= m && g + V / 2 <= w.n.div_ceil(NG));
     let stride = fmt.stride();
     let off = _mm256_set1_epi16(fmt.offset() as i16);
+    let (bytes, nibble) = (fmt.byte_quants(), _mm256_set1_epi8(0x0f));
     // Within each 128-bit lane (4 columns x 4 k as stored), the bytes of
     // k 0, 1 (`lo`) or k 2, 3 (`hi`) of each column, each widened to int16
     // (an index with the top bit set gives 0).
@@ -112,7 +115,15 @@ unsafe fn panel<const V: usize>(
                         super::prefetch_next_group(gb, 2 * stride, stride);
                     }
                     for q in 0..PAIRS / 2 {
-                        let s = _mm256_loadu_si256(gb.add(q * 64 + h * 32).cast());
+                        let s = if bytes {
+                            _mm256_loadu_si256(gb.add(q * 64 + h * 32).cast())
+                        } else {
+                            // Vector q % 4 holds k-quad q in its low nibbles
+                            // (q < 4) or its high ones.
+                            let s = _mm256_loadu_si256(gb.add((q % 4) * 64 + h * 32).cast());
+                            let s = if q < 4 { s } else { _mm256_srli_epi16::<4>(s) };
+                            _mm256_and_si256(s, nibble)
+                        };
                         wide[2 * q][v] = _mm256_sub_epi16(_mm256_shuffle_epi8(s, lo), off);
                         wide[2 * q + 1][v] = _mm256_sub_epi16(_mm256_shuffle_epi8(s, hi), off);
                     }
@@ -128,7 +139,8 @@ unsafe fn panel<const V: usize>(
                 unsafe {
                     let xw = x.wide.as_ptr().add(i * 32);
                     let xs = _mm256_set1_ps(*x.scale.get_unchecked(i));
-                    row::<V>(&wide, &d, fmt.halves(), xw, xs, acc);
+                    let sx = _mm256_set1_ps(*x.sx.get_unchecked(i));
+                    row::<V>(&wide, &d, (fmt.halves(), fmt.has_mins()), xw, (xs, sx), acc);
                 }
             }
         }
@@ -145,16 +157,18 @@ unsafe fn panel<const V: usize>(
 }
 
 /// One row's block: the `V` vectors' integer sums over the panel's
-/// k-pairs (Q6_K: each 8 apart), times the scales `d` and the activations'
-/// scale `xs`, added into `acc` (8 columns a vector).
+/// k-pairs (Q6_K, `halves`: each 8 apart), times the scales `d[0]` (Q6_K's
+/// second 8: `d[1]`) and the activations' scale `xs`, added into `acc` (8
+/// columns a vector); with `mins` (Q4_1, Q4_K), then the mins `d[1]` times
+/// the block's sum `sx`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row<const V: usize>(
     wide: &[[__m256i; V]; PAIRS],
     d: &[[__m256; V]; 2],
-    halves: bool,
+    (halves, mins): (bool, bool),
     xw: *const i16,
-    xs: __m256,
+    (xs, sx): (__m256, __m256),
     acc: &mut [f32; 96],
 ) {
     const { assert!(V >= 2 && V <= 12 && V.is_multiple_of(2)) };
@@ -180,6 +194,15 @@ unsafe fn row<const V: usize>(
             unsafe {
                 let prev = _mm256_loadu_ps(a.as_ptr());
                 let sum = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(*s), prev);
+                _mm256_storeu_ps(a.as_mut_ptr(), sum);
+            }
+        }
+    }
+    if mins {
+        for (&m, a) in d[1].iter().zip(acc.chunks_exact_mut(8)) {
+            // SAFETY: `a` is 8 floats.
+            unsafe {
+                let sum = _mm256_fmadd_ps(m, sx, _mm256_loadu_ps(a.as_ptr()));
                 _mm256_storeu_ps(a.as_mut_ptr(), sum);
             }
         }

@@ -278,7 +278,7 @@ fn simd_and_portable_kernels_agree_exactly() {
     }
 }
 
-/// The AVX2 panel product (byte quants with the residual, from 4 rows):
+/// The AVX2 panel product (every format with the residual, from 4 rows):
 /// panels of every width (1 to 6 groups, a partial last group), row
 /// parts past 64 and the threads' splits give the portable kernel's bits.
 #[test]
@@ -288,7 +288,7 @@ fn avx2_panel_agrees_exactly_at_every_width() {
     }
     tch::manual_seed(17);
     // Panels of 6 and 2 groups (one thread), 4 (two), 3 (three); 5; 1.
-    for (fmt, n) in [Format::Q8_0, Format::Q6K]
+    for (fmt, n) in FORMATS
         .into_iter()
         .flat_map(|f| [(f, 16 * 13 + 5), (f, 16 * 10), (f, 17)])
     {
