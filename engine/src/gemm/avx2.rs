@@ -101,8 +101,31 @@ unsafe fn half<const R: usize>(
     let every = (k1 - k0)
         .checked_div(lines)
         .map_or(usize::MAX, |e| e.max(1));
+    if R == 4 {
+        // The same FMAs in the same order per accumulator, the k loop in
+        // assembly ([`fma4`]) between the prefetches: the compiled loop
+        // kept the prefetch's counters and branches and each row's address
+        // arithmetic beside its 8 FMAs.
+        let mut a = [_mm256_setzero_ps(); 8];
+        let (mut kk, mut issued) = (k0, 0);
+        while kk < k1 {
+            if issued < lines {
+                _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
+                issued += 1;
+            }
+            let n = every.min(k1 - kk);
+            // SAFETY: kk + n <= k1 <= k: rows 0..4 of x from `xp` hold k
+            // floats each, the half panel NR floats per k.
+            unsafe { fma4(xp.add(kk), 4 * k, wp.add(kk * NR), n, &mut a) };
+            kk += n;
+        }
+        a0.copy_from_slice(&a[..R]);
+        a1.copy_from_slice(&a[4..4 + R]);
+    }
+    // Fewer rows: the loop in Rust (4 rows' is done above).
+    let start = if R == 4 { k1 } else { k0 };
     let (mut issued, mut wait) = (0, 0);
-    for kk in k0..k1 {
+    for kk in start..k1 {
         if issued < lines {
             if wait == 0 {
                 _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
@@ -136,6 +159,75 @@ unsafe fn half<const R: usize>(
             }
         }
     }
+}
+
+/// `n` (> 0) values of k into 4 rows x 16 columns of sums: `a[r]` the
+/// first 8 columns of row r, `a[4 + r]` the second 8; rows `kb` bytes
+/// apart from `xp`, the 16 columns' weights at `wp`, NR floats per k.
+///
+/// # Safety
+/// AVX2 and FMA; `n` values of k readable from `xp` for each row and from
+/// `wp`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma4(xp: *const f32, kb: usize, wp: *const f32, n: usize, a: &mut [__m256; 8]) {
+    const { assert!(NR * 4 == 128) };
+    let [
+        mut a0,
+        mut a1,
+        mut a2,
+        mut a3,
+        mut b0,
+        mut b1,
+        mut b2,
+        mut b3,
+    ] = *a;
+    // SAFETY: the caller's promises; every read is within them.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            "vmovups ymm8, ymmword ptr [{w}]",
+            "vmovups ymm9, ymmword ptr [{w} + 32]",
+            "vbroadcastss ymm10, dword ptr [{x}]",
+            "vfmadd231ps {a0}, ymm10, ymm8",
+            "vfmadd231ps {b0}, ymm10, ymm9",
+            "vbroadcastss ymm11, dword ptr [{x} + {kb}]",
+            "vfmadd231ps {a1}, ymm11, ymm8",
+            "vfmadd231ps {b1}, ymm11, ymm9",
+            "vbroadcastss ymm12, dword ptr [{x} + 2*{kb}]",
+            "vfmadd231ps {a2}, ymm12, ymm8",
+            "vfmadd231ps {b2}, ymm12, ymm9",
+            "vbroadcastss ymm13, dword ptr [{x} + {kb3}]",
+            "vfmadd231ps {a3}, ymm13, ymm8",
+            "vfmadd231ps {b3}, ymm13, ymm9",
+            // NR floats a k.
+            "add {w}, 128",
+            "add {x}, 4",
+            "dec {n}",
+            "jnz 2b",
+            w = inout(reg) wp => _,
+            x = inout(reg) xp => _,
+            n = inout(reg) n => _,
+            kb = in(reg) kb,
+            kb3 = in(reg) 3 * kb,
+            a0 = inout(ymm_reg) a0,
+            a1 = inout(ymm_reg) a1,
+            a2 = inout(ymm_reg) a2,
+            a3 = inout(ymm_reg) a3,
+            b0 = inout(ymm_reg) b0,
+            b1 = inout(ymm_reg) b1,
+            b2 = inout(ymm_reg) b2,
+            b3 = inout(ymm_reg) b3,
+            out("ymm8") _,
+            out("ymm9") _,
+            out("ymm10") _,
+            out("ymm11") _,
+            out("ymm12") _,
+            out("ymm13") _,
+            options(nostack, readonly),
+        );
+    }
+    *a = [a0, a1, a2, a3, b0, b1, b2, b3];
 }
 
 /// One row over `PANELS1` panels, block by block of k; within a block
