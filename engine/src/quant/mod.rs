@@ -184,10 +184,10 @@ impl Format {
 #[cfg(target_arch = "x86_64")]
 const PANEL_PART: usize = 64;
 
-/// The fewest rows the panel product takes (AVX2, byte quants, residual;
-/// see `panel.rs`): 4, where it measured as fast as two-row tiles or
-/// faster on a Zen 3 (at 1 and 2 rows, widening a panel for so few rows
-/// costs more than it saves). `GYRE_PANEL_MIN` sets it, for measuring one
+/// The fewest rows the panel product takes (AVX2 with the residual, every
+/// format; see `panel.rs`): 4, where it measured as fast as the other
+/// AVX2 kernels or faster on a Zen 3 (at 1 and 2 rows, widening a panel
+/// for so few rows costs more than it saves). `GYRE_PANEL_MIN` sets it, for measuring one
 /// against the other (a large value turns it off). Read once.
 fn panel_min() -> usize {
     static MIN: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
@@ -681,8 +681,8 @@ unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
 /// Times `x W^T` with a random weight of `fmt` ([n, k]) against f32
-/// activations [m, k] (`(n, k, m)`), for each kind of activations in `acts`, on `threads` workers
-/// with `kernel`'s tiles:
+/// activations [m, k] (`(n, k, m)`), for each kind of activations in
+/// `acts`, on `threads` workers with `kernel`'s tiles:
 /// `(activations, mean ms per call)`, after one warm-up call. For
 /// profiling the kernels (`engine/examples/quantmm.rs`), not a test.
 pub fn time_matmul(

@@ -281,11 +281,13 @@ fn simd_and_portable_kernels_agree_exactly() {
 /// The AVX2 panel product (every format with the residual, from 4 rows):
 /// panels of every width (1 to 6 groups, a partial last group), row
 /// parts past 64 and the threads' splits give the portable kernel's bits.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_panel_agrees_exactly_at_every_width() {
-    if !Kernel::Avx2.runs_here() {
-        return;
-    }
+    assert!(
+        Kernel::Avx2.runs_here(),
+        "this test needs an x86-64 CPU with AVX2, FMA and F16C"
+    );
     tch::manual_seed(17);
     // Panels of 6 and 2 groups (one thread), 4 (two), 3 (three); 5; 1.
     for (fmt, n) in FORMATS
