@@ -37,32 +37,25 @@ fn main() {
             ("down", 576, 1536),
         ],
     };
-    let list = |var: &str, default: &str| -> Vec<String> {
-        std::env::var(var)
-            .unwrap_or_else(|_| default.into())
-            .split(',')
-            .map(|s| s.trim().to_lowercase())
-            .collect()
-    };
-    let formats: Vec<GgmlType> = list("FORMATS", "q8_0,q4_1,q4_k")
-        .iter()
-        .map(|f| match f.as_str() {
-            "q8_0" => GgmlType::Q8_0,
-            "q4_1" => GgmlType::Q4_1,
-            "q4_k" => GgmlType::Q4K,
-            "q6_k" => GgmlType::Q6K,
-            other => panic!("FORMATS: unknown format {other}"),
-        })
-        .collect();
-    let acts: Vec<Activations> = list("ACTS", "int8,int8-residual,f32")
-        .iter()
-        .map(|a| match a.as_str() {
-            "int8" => Activations::Int8,
-            "int8-residual" => Activations::Int8Residual,
-            "f32" => Activations::F32,
-            other => panic!("ACTS: unknown activations {other}"),
-        })
-        .collect();
+    let formats = pick(
+        "FORMATS",
+        "q8_0,q4_1,q4_k",
+        &[
+            ("q8_0", GgmlType::Q8_0),
+            ("q4_1", GgmlType::Q4_1),
+            ("q4_k", GgmlType::Q4K),
+            ("q6_k", GgmlType::Q6K),
+        ],
+    );
+    let acts = pick(
+        "ACTS",
+        "int8,int8-residual,f32",
+        &[
+            ("int8", Activations::Int8),
+            ("int8-residual", Activations::Int8Residual),
+            ("f32", Activations::F32),
+        ],
+    );
     for kernel in kernels.into_iter().filter(|k| k.runs_here()) {
         for &fmt in &formats {
             for &m in &rows {
@@ -88,4 +81,21 @@ fn main() {
             }
         }
     }
+}
+
+/// The comma-separated names in `var` (else `default`), each looked up in
+/// `table`.
+fn pick<T: Copy>(var: &str, default: &str, table: &[(&str, T)]) -> Vec<T> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|name| {
+            let name = name.trim().to_lowercase();
+            table
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|&(_, v)| v)
+                .unwrap_or_else(|| panic!("{var}: unknown name {name}"))
+        })
+        .collect()
 }

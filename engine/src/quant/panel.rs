@@ -29,6 +29,8 @@ use super::{NG, QuantMatrix, QuantizedRows, avx2};
 
 /// Groups in a panel at most (two vectors of 8 columns each).
 pub(super) const GROUPS: usize = 6;
+/// Columns of a panel at most.
+const COLS: usize = GROUPS * NG;
 /// Rows whose float accumulators are held while their blocks are summed.
 const ROWS: usize = 32;
 /// k-pairs per block.
@@ -36,8 +38,7 @@ const PAIRS: usize = super::QK / 2;
 
 /// Columns of groups `g0 .. g1` of every one of the `m` rows into `out`
 /// (`m` rows of `n` floats): panels of up to [`GROUPS`] groups. The caller
-/// checked the CPU (AVX2, FMA, F16C), that the format's quants are bytes
-/// and that `x` holds wide activations.
+/// checked the CPU (AVX2, FMA, F16C) and that `x` holds wide activations.
 pub(super) fn columns(
     w: &QuantMatrix,
     x: &QuantizedRows,
@@ -95,7 +96,7 @@ unsafe fn panel<const V: usize>(
     );
     let mut wide = [[_mm256_setzero_si256(); V]; PAIRS];
     let mut d = [[_mm256_setzero_ps(); V]; 2];
-    let mut acc = [[0f32; 96]; ROWS];
+    let mut acc = [[0f32; COLS]; ROWS];
     let n = w.n;
     let mut r = r0;
     while r < r1 {
@@ -169,7 +170,7 @@ unsafe fn row<const V: usize>(
     (halves, mins): (bool, bool),
     xw: *const i16,
     (xs, sx): (__m256, __m256),
-    acc: &mut [f32; 96],
+    acc: &mut [f32; COLS],
 ) {
     const { assert!(V >= 2 && V <= 12 && V.is_multiple_of(2)) };
     let (parts, per) = if halves { (2, PAIRS / 2) } else { (1, PAIRS) };
