@@ -6,17 +6,20 @@ use std::arch::x86_64::*;
 
 use super::{KC, NR, PANELS1};
 
-/// Rows per register tile: 4 rows x 16 columns is 8 accumulators, as
-/// many chains as keep two FMA units busy at four cycles' latency.
-const RT: usize = 4;
+/// The most rows in one register tile: 6 rows x 16 columns is 12
+/// accumulators, half again the 8 chains that two FMA units at four
+/// cycles' latency need, so a late load does not stall them (4 rows, 8
+/// chains exactly, left the tile at 75-85% of the FMA peak on a Zen 3).
+const RT: usize = 6;
 
-/// [`super::kernel`]'s block for `rows` rows: groups of up to `RT` rows,
-/// each through the panel's two halves. The panel's next block (the
-/// `2 (k1 - k0)` cache lines from KC values of k on) is prefetched
-/// spread evenly over all those passes: all of it (`prefetch` 0b11),
-/// its first half (0b01) or its second (0b10). Issued all in one pass
-/// (128 lines in about 500 cycles), as the AVX-512 kernel does, they
-/// outran the misses a Zen 3 core keeps in flight.
+/// [`super::kernel`]'s block for `rows` rows (up to a whole `SG` group):
+/// register tiles of as even a size as possible, at most `RT` rows
+/// (16 rows: 6, 5 and 5), each through the panel's two halves. The
+/// panel's next block (the `2 (k1 - k0)` cache lines from KC values of k
+/// on) is prefetched spread evenly over all those passes: all of it
+/// (`prefetch` 0b11), its first half (0b01) or its second (0b10). Issued
+/// all in one pass (128 lines in about 500 cycles), as the AVX-512 kernel
+/// does, they outran the misses a Zen 3 core keeps in flight.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `x` holds rows * k floats, `w` k * NR and
@@ -43,11 +46,13 @@ pub(super) unsafe fn rows(
     // A hint only: the address may lie past the weights, so it is
     // formed without `add`'s in-bounds promise.
     let ahead = w.as_ptr().wrapping_add((k0 + KC) * NR).cast::<i8>();
-    let passes = rows.div_ceil(RT) * 2;
+    let tiles = rows.div_ceil(RT);
+    let passes = tiles * 2;
     let mut pass = 0;
     let mut r = 0;
-    while r < rows {
-        let rr = RT.min(rows - r);
+    for t in 0..tiles {
+        // The first `rows % tiles` tiles take one row more.
+        let rr = rows / tiles + usize::from(t < rows % tiles);
         for h in 0..2 {
             let (lo, hi) = (
                 first + count * pass / passes,
@@ -55,6 +60,8 @@ pub(super) unsafe fn rows(
             );
             pass += 1;
             let f = match rr {
+                6 => half::<6>,
+                5 => half::<5>,
                 4 => half::<4>,
                 3 => half::<3>,
                 2 => half::<2>,
@@ -101,12 +108,12 @@ unsafe fn half<const R: usize>(
     let every = (k1 - k0)
         .checked_div(lines)
         .map_or(usize::MAX, |e| e.max(1));
-    if R == 4 {
+    if R >= 4 {
         // The same FMAs in the same order per accumulator, the k loop in
-        // assembly ([`fma4`]) between the prefetches: the compiled loop
-        // kept the prefetch's counters and branches and each row's address
-        // arithmetic beside its 8 FMAs.
-        let mut a = [_mm256_setzero_ps(); 8];
+        // assembly ([`fma4`] .. [`fma6`]) between the prefetches: the
+        // compiled loop kept the prefetch's counters and branches and each
+        // row's address arithmetic beside its FMAs.
+        let mut a = [_mm256_setzero_ps(); 2 * RT];
         let (mut kk, mut issued) = (k0, 0);
         while kk < k1 {
             if issued < lines {
@@ -114,16 +121,23 @@ unsafe fn half<const R: usize>(
                 issued += 1;
             }
             let n = every.min(k1 - kk);
-            // SAFETY: kk + n <= k1 <= k: rows 0..4 of x from `xp` hold k
+            // SAFETY: kk + n <= k1 <= k: rows 0..R of x from `xp` hold k
             // floats each, the half panel NR floats per k.
-            unsafe { fma4(xp.add(kk), 4 * k, wp.add(kk * NR), n, &mut a) };
+            unsafe {
+                let (x, w) = (xp.add(kk), wp.add(kk * NR));
+                match R {
+                    6 => fma6(x, 4 * k, w, n, (&mut a[..12]).try_into().unwrap_unchecked()),
+                    5 => fma5(x, 4 * k, w, n, (&mut a[..10]).try_into().unwrap_unchecked()),
+                    _ => fma4(x, 4 * k, w, n, (&mut a[..8]).try_into().unwrap_unchecked()),
+                }
+            }
             kk += n;
         }
         a0.copy_from_slice(&a[..R]);
-        a1.copy_from_slice(&a[4..4 + R]);
+        a1.copy_from_slice(&a[R..2 * R]);
     }
-    // Fewer rows: the loop in Rust (4 rows' is done above).
-    let start = if R == 4 { k1 } else { k0 };
+    // Fewer rows: the loop in Rust (4 to 6 rows' is done above).
+    let start = if R >= 4 { k1 } else { k0 };
     let (mut issued, mut wait) = (0, 0);
     for kk in start..k1 {
         if issued < lines {
@@ -161,74 +175,92 @@ unsafe fn half<const R: usize>(
     }
 }
 
-/// `n` (> 0) values of k into 4 rows x 16 columns of sums: `a[r]` the
-/// first 8 columns of row r, `a[4 + r]` the second 8; rows `kb` bytes
-/// apart from `xp`, the 16 columns' weights at `wp`, NR floats per k.
-///
-/// # Safety
-/// AVX2 and FMA; `n` values of k readable from `xp` for each row and from
-/// `wp`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma4(xp: *const f32, kb: usize, wp: *const f32, n: usize, a: &mut [__m256; 8]) {
-    const { assert!(NR * 4 == 128) };
-    let [
-        mut a0,
-        mut a1,
-        mut a2,
-        mut a3,
-        mut b0,
-        mut b1,
-        mut b2,
-        mut b3,
-    ] = *a;
-    // SAFETY: the caller's promises; every read is within them.
-    unsafe {
-        std::arch::asm!(
-            "2:",
-            "vmovups ymm8, ymmword ptr [{w}]",
-            "vmovups ymm9, ymmword ptr [{w} + 32]",
-            "vbroadcastss ymm10, dword ptr [{x}]",
-            "vfmadd231ps {a0}, ymm10, ymm8",
-            "vfmadd231ps {b0}, ymm10, ymm9",
-            "vbroadcastss ymm11, dword ptr [{x} + {kb}]",
-            "vfmadd231ps {a1}, ymm11, ymm8",
-            "vfmadd231ps {b1}, ymm11, ymm9",
-            "vbroadcastss ymm12, dword ptr [{x} + 2*{kb}]",
-            "vfmadd231ps {a2}, ymm12, ymm8",
-            "vfmadd231ps {b2}, ymm12, ymm9",
-            "vbroadcastss ymm13, dword ptr [{x} + {kb3}]",
-            "vfmadd231ps {a3}, ymm13, ymm8",
-            "vfmadd231ps {b3}, ymm13, ymm9",
-            // NR floats a k.
-            "add {w}, 128",
-            "add {x}, 4",
-            "dec {n}",
-            "jnz 2b",
-            w = inout(reg) wp => _,
-            x = inout(reg) xp => _,
-            n = inout(reg) n => _,
-            kb = in(reg) kb,
-            kb3 = in(reg) 3 * kb,
-            a0 = inout(ymm_reg) a0,
-            a1 = inout(ymm_reg) a1,
-            a2 = inout(ymm_reg) a2,
-            a3 = inout(ymm_reg) a3,
-            b0 = inout(ymm_reg) b0,
-            b1 = inout(ymm_reg) b1,
-            b2 = inout(ymm_reg) b2,
-            b3 = inout(ymm_reg) b3,
-            out("ymm8") _,
-            out("ymm9") _,
-            out("ymm10") _,
-            out("ymm11") _,
-            out("ymm12") _,
-            out("ymm13") _,
-            options(nostack, readonly),
-        );
-    }
-    *a = [a0, a1, a2, a3, b0, b1, b2, b3];
+/// `fmaR`: `n` (> 0) values of k into R rows x 16 columns of sums, `a[r]`
+/// the first 8 columns of row r and `a[R + r]` the second 8; rows `kb`
+/// bytes apart from `xp` (rows 3 to 5 addressed from a second pointer,
+/// `y`, 3 rows on), the 16 columns' weights at `wp`, NR floats per k.
+/// Every row's broadcast goes through ymm14 (renamed in hardware).
+macro_rules! fmas {
+    ($name:ident, $r:literal, [$($a:ident @ $at:literal),+ $(,)?], [$($b:ident),+ $(,)?] $(,)?) => {
+        /// # Safety
+        /// AVX2 and FMA; `n` (> 0) values of k readable from `xp` for each
+        /// row and from `wp`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $name(xp: *const f32, kb: usize, wp: *const f32, n: usize, a: &mut [__m256; 2 * $r]) {
+            const { assert!(NR * 4 == 128) };
+            let [$(mut $a,)+ $(mut $b,)+] = *a;
+            // SAFETY: the caller's promises; every read is within them.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "vmovups ymm12, ymmword ptr [{w}]",
+                    "vmovups ymm13, ymmword ptr [{w} + 32]",
+                    $(
+                        concat!("vbroadcastss ymm14, dword ptr ", $at),
+                        concat!("vfmadd231ps {", stringify!($a), "}, ymm14, ymm12"),
+                        concat!("vfmadd231ps {", stringify!($b), "}, ymm14, ymm13"),
+                    )+
+                    // NR floats a k.
+                    "add {w}, 128",
+                    "add {x}, 4",
+                    "add {y}, 4",
+                    "dec {n}",
+                    "jnz 2b",
+                    w = inout(reg) wp => _,
+                    x = inout(reg) xp => _,
+                    y = inout(reg) xp.wrapping_byte_add(3 * kb) => _,
+                    n = inout(reg) n => _,
+                    kb = in(reg) kb,
+                    $($a = inout(ymm_reg) $a,)+
+                    $($b = inout(ymm_reg) $b,)+
+                    out("ymm12") _,
+                    out("ymm13") _,
+                    out("ymm14") _,
+                    options(nostack, readonly),
+                );
+            }
+            *a = [$($a,)+ $($b,)+];
+        }
+    };
 }
+
+fmas!(
+    fma4,
+    4,
+    [
+        a0 @ "[{x}]",
+        a1 @ "[{x} + {kb}]",
+        a2 @ "[{x} + 2*{kb}]",
+        a3 @ "[{y}]",
+    ],
+    [b0, b1, b2, b3]
+);
+fmas!(
+    fma5,
+    5,
+    [
+        a0 @ "[{x}]",
+        a1 @ "[{x} + {kb}]",
+        a2 @ "[{x} + 2*{kb}]",
+        a3 @ "[{y}]",
+        a4 @ "[{y} + {kb}]",
+    ],
+    [b0, b1, b2, b3, b4]
+);
+fmas!(
+    fma6,
+    6,
+    [
+        a0 @ "[{x}]",
+        a1 @ "[{x} + {kb}]",
+        a2 @ "[{x} + 2*{kb}]",
+        a3 @ "[{y}]",
+        a4 @ "[{y} + {kb}]",
+        a5 @ "[{y} + 2*{kb}]",
+    ],
+    [b0, b1, b2, b3, b4, b5]
+);
 
 /// One row over `PANELS1` panels, block by block of k; within a block
 /// the panels two at a time (8 accumulators), each element's sum in the

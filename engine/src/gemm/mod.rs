@@ -176,19 +176,22 @@ impl Packed {
     fn panel_rows(&self, x: &[f32], r0: usize, rows: usize, p: usize, tile: &mut [f32; SG * NR]) {
         let k = self.k;
         let w = &self.data[p * k * NR..(p + 1) * k * NR];
+        // The AVX2 kernel takes all the rows at once and cuts them into
+        // its own register tiles (at most 6 rows; 8 would not fit).
+        let mr = if simd() == Simd::Avx2 { SG } else { MR };
         let mut k0 = 0;
         while k0 < k {
             let k1 = k.min(k0 + KC);
             let mut g = 0;
             while g < rows {
-                let rr = MR.min(rows - g);
+                let rr = mr.min(rows - g);
                 let xr = &x[(r0 + g) * k..(r0 + g + rr) * k];
                 let t = &mut tile[g * NR..(g + rr) * NR];
                 // The first two groups share prefetching the panel's
                 // next block, a cache line per k each: one group
                 // issuing both lines (256 in a row) was 5-10% slower
                 // at 16 rows, its FMAs stalled behind the misses.
-                let lines = match (g / MR, rows > MR) {
+                let lines = match (g / mr, rows > mr) {
                     (0, false) => 0b11,
                     (0, true) => 0b01,
                     (1, _) => 0b10,
@@ -303,7 +306,7 @@ unsafe impl Sync for SendPtr {}
 #[allow(unsafe_code)]
 unsafe impl Send for SendPtr {}
 
-/// For `rows` <= MR rows of `x` ([rows, k]) and one packed panel `w` ([k,
+/// For `rows` rows of `x` ([rows, k]; at most MR, or SG for AVX2) and one packed panel `w` ([k,
 /// NR]), the sums over k0..k1 (one block of at most `KC`) of `x[i][k] *
 /// w[k][c]`, written to `tile[i][c]` when k0 is 0 and added to it after.
 /// `prefetch`: which of the two cache lines per k of the panel's next block
@@ -320,11 +323,12 @@ fn kernel(
     tile: &mut [f32],
     prefetch: u8,
 ) {
-    debug_assert!(rows <= MR && x.len() >= rows * k && w.len() >= k * NR);
+    debug_assert!(rows <= SG && x.len() >= rows * k && w.len() >= k * NR);
     debug_assert!(k0 < k1 && k1 <= k && k1 - k0 <= KC && tile.len() >= rows * NR);
     #[cfg(target_arch = "x86_64")]
     match simd() {
         Simd::Avx512 => {
+            debug_assert!(rows <= MR);
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F (checked); the slices hold rows * k
             // and k * NR floats and the tile rows * NR (asserted above).
@@ -491,7 +495,8 @@ mod tests {
     /// The AVX2 kernels give the portable kernel's bits on every CPU that
     /// has AVX2 and FMA (AVX-512 machines included, whose products take
     /// the AVX-512 kernels): a block through each row count of a group
-    /// (several register tiles and a partial one), and a one-row product
+    /// (1 to SG rows: register tiles of 1 to 6 rows, several per call),
+    /// and a one-row product
     /// over several panels.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -506,16 +511,16 @@ mod tests {
         let n = PANELS1 * NR;
         let w = Tensor::randn([n as i64, k as i64], (Kind::Float, Device::Cpu));
         let p = Packed::new(&w).expect("pack");
-        let x = Tensor::randn([MR as i64, k as i64], (Kind::Float, Device::Cpu));
+        let x = Tensor::randn([SG as i64, k as i64], (Kind::Float, Device::Cpu));
         let xs = crate::attn::f32_view(&x).expect("view");
-        for rows in 1..=MR {
-            let (mut a, mut b) = ([0f32; MR * NR], [0f32; MR * NR]);
+        for rows in 1..=SG {
+            let (mut a, mut b) = ([0f32; SG * NR], [0f32; SG * NR]);
             let mut k0 = 0;
             while k0 < k {
                 let k1 = k.min(k0 + KC);
                 #[allow(unsafe_code)]
-                // SAFETY: AVX2 and FMA (asserted); x holds MR rows of k,
-                // the panel k * NR floats, the tile MR * NR.
+                // SAFETY: AVX2 and FMA (asserted); x holds SG rows of k,
+                // the panel k * NR floats, the tile SG * NR.
                 unsafe {
                     avx2::rows(xs, k, rows, k0, k1, &p.data, &mut a, 0b11)
                 };
