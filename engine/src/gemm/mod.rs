@@ -23,9 +23,9 @@
 //! Without AVX-512 (AMD before Zen 4, most Intel desktop parts), the AVX2
 //! kernels keep the same packing and the same order of operations per
 //! element, so their results equal the AVX-512 kernels' to the bit; with
-//! half as many registers, half as wide, a register tile covers 4 rows by
-//! 16 columns (half a panel) and a one-row product takes its panels two at
-//! a time.
+//! half as many registers, half as wide, a register tile covers up to 6
+//! rows by 16 columns (half a panel; 12 accumulators) and a one-row product
+//! takes its panels two at a time.
 
 use tch::{Device, Kind, Tensor};
 
@@ -39,7 +39,8 @@ mod gated;
 
 /// Output columns per panel (two 16-float vectors).
 const NR: usize = 32;
-/// Rows per register tile.
+/// Rows per register tile (AVX-512; the AVX2 kernel cuts a whole `SG`
+/// group into its own tiles).
 const MR: usize = 8;
 /// Rows that share one pass over a panel: their block of x (16 KiB) and
 /// the panel's block (16 KiB) stay in L1 together.
