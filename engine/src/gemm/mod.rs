@@ -191,7 +191,9 @@ impl Packed {
                 // The first two groups share prefetching the panel's
                 // next block, a cache line per k each: one group
                 // issuing both lines (256 in a row) was 5-10% slower
-                // at 16 rows, its FMAs stalled behind the misses.
+                // at 16 rows, its FMAs stalled behind the misses. (The
+                // AVX2 kernel's one group takes both, spread over all
+                // its tiles' passes.)
                 let lines = match (g / mr, rows > mr) {
                     (0, false) => 0b11,
                     (0, true) => 0b01,
@@ -307,9 +309,10 @@ unsafe impl Sync for SendPtr {}
 #[allow(unsafe_code)]
 unsafe impl Send for SendPtr {}
 
-/// For `rows` rows of `x` ([rows, k]; at most MR, or SG for AVX2) and one packed panel `w` ([k,
-/// NR]), the sums over k0..k1 (one block of at most `KC`) of `x[i][k] *
-/// w[k][c]`, written to `tile[i][c]` when k0 is 0 and added to it after.
+/// For `rows` rows of `x` ([rows, k]; at most MR, or SG for AVX2) and one
+/// packed panel `w` ([k, NR]), the sums over k0..k1 (one block of at most
+/// `KC`) of `x[i][k] * w[k][c]`, written to `tile[i][c]` when k0 is 0 and
+/// added to it after.
 /// `prefetch`: which of the two cache lines per k of the panel's next block
 /// (or the next panel's first) to prefetch while at it (bit 0 the first,
 /// bit 1 the second).
