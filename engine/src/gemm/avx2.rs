@@ -135,27 +135,27 @@ unsafe fn half<const R: usize>(
         }
         a0.copy_from_slice(&a[..R]);
         a1.copy_from_slice(&a[R..2 * R]);
-    }
-    // Fewer rows: the loop in Rust (4 to 6 rows' is done above).
-    let start = if R >= 4 { k1 } else { k0 };
-    let (mut issued, mut wait) = (0, 0);
-    for kk in start..k1 {
-        if issued < lines {
-            if wait == 0 {
-                _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
-                issued += 1;
-                wait = every;
+    } else {
+        // Fewer rows: the loop in Rust.
+        let (mut issued, mut wait) = (0, 0);
+        for kk in k0..k1 {
+            if issued < lines {
+                if wait == 0 {
+                    _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
+                    issued += 1;
+                    wait = every;
+                }
+                wait -= 1;
             }
-            wait -= 1;
-        }
-        // SAFETY (for the whole loop): kk < k1 <= k.
-        unsafe {
-            let w0 = _mm256_loadu_ps(wp.add(kk * NR));
-            let w1 = _mm256_loadu_ps(wp.add(kk * NR + 8));
-            for r in 0..R {
-                let xv = _mm256_broadcast_ss(&*xp.add(r * k + kk));
-                a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
-                a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+            // SAFETY (for the whole loop): kk < k1 <= k.
+            unsafe {
+                let w0 = _mm256_loadu_ps(wp.add(kk * NR));
+                let w1 = _mm256_loadu_ps(wp.add(kk * NR + 8));
+                for r in 0..R {
+                    let xv = _mm256_broadcast_ss(&*xp.add(r * k + kk));
+                    a0[r] = _mm256_fmadd_ps(xv, w0, a0[r]);
+                    a1[r] = _mm256_fmadd_ps(xv, w1, a1[r]);
+                }
             }
         }
     }

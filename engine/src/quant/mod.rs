@@ -187,8 +187,9 @@ const PANEL_PART: usize = 64;
 /// The fewest rows the panel product takes (AVX2 with the residual, every
 /// format; see `panel.rs`): 4, where it measured as fast as the other
 /// AVX2 kernels or faster on a Zen 3 (at 1 and 2 rows, widening a panel
-/// for so few rows costs more than it saves). `GYRE_PANEL_MIN` sets it, for measuring one
-/// against the other (a large value turns it off). Read once.
+/// for so few rows costs more than it saves). `GYRE_PANEL_MIN` sets it,
+/// for measuring one against the other (a large value turns it off).
+/// Read once.
 fn panel_min() -> usize {
     static MIN: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
         std::env::var("GYRE_PANEL_MIN")
