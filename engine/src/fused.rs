@@ -414,7 +414,7 @@ fn cuda_silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
 }
 
 /// The ops on the CPU in float32 (`fused/cpu.rs`).
-mod cpu;
+pub(crate) mod cpu;
 pub(crate) use cpu::silu_mul_slice;
 
 /// Checks and timings against libtorch for `cuda_check` (`fused/check.rs`).

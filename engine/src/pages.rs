@@ -45,6 +45,7 @@ fn enabled() -> bool {
 pub(crate) trait Zeroable: Copy {}
 impl Zeroable for f32 {}
 impl Zeroable for u8 {}
+impl Zeroable for half::f16 {}
 
 /// A zero-initialised, fixed-length buffer of `T`, on huge pages when at
 /// least one fits.

@@ -151,7 +151,7 @@ impl Packed {
 
 /// [`crate::fused::silu_mul_slice`] compiled for the widest vectors the
 /// CPU has (the same operations, so the same results).
-fn silu_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+pub(crate) fn silu_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match simd() {
         #[allow(unsafe_code)]

@@ -36,6 +36,7 @@ use crate::simd::{Simd, simd};
 pub(crate) use crate::workers::Workers;
 
 mod gated;
+pub(crate) use gated::silu_into;
 
 /// Output columns per panel (two 16-float vectors).
 const NR: usize = 32;

@@ -72,13 +72,19 @@ impl Linear {
     }
 
     /// `silu(x G^T) * (x U^T)` [N, inter] in one pass when the weight was
-    /// packed for it by [`Linear::gate_up`] and gyre's fused CPU ops are on;
+    /// packed for it by [`Linear::gate_up`] (or is a quantized stacked
+    /// gate/up weight) and gyre's fused CPU ops are on;
     /// None otherwise (the caller runs `forward`, which gives [N, 2 * inter]
     /// from any weight, and then the activation).
     pub fn forward_silu(&self, x: &Tensor, be: &Backend) -> Result<Option<Tensor>, EngineError> {
         match &self.w {
             Weight::Packed(p) if p.is_gated() && self.bias.is_none() && crate::fused::enabled() => {
                 Ok(Some(p.forward_silu(x, &be.pool)?))
+            }
+            // A stacked quantized gate/up weight: the SiLU in the
+            // product's tasks (`QuantMatrix::forward_silu`).
+            Weight::Quant(q) if self.bias.is_none() && crate::fused::enabled() => {
+                q.forward_silu(x, be.quant.unwrap_or_default(), &be.pool)
             }
             _ => Ok(None),
         }

@@ -101,7 +101,11 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
-        if let Some(a) = self.gate_up.forward_silu(x, be)? {
+        // (Only a SiLU MLP: a quantized gate/up weight is stacked the same
+        // way under GeGLU.)
+        if matches!(self.act, Act::Silu)
+            && let Some(a) = self.gate_up.forward_silu(x, be)?
+        {
             return self.down.forward(&a, be);
         }
         if matches!(self.act, Act::Silu)

@@ -425,3 +425,45 @@ fn rejects_a_mismatched_input() {
     let x = Tensor::zeros([2, 63], (Kind::Float, Device::Cpu));
     assert!(w.forward(&x, Activations::Int8, &pool()).is_err());
 }
+
+/// The product with the SiLU in its tasks (`forward_silu`) is, to the bit,
+/// the product (`forward`) then the CPU's `silu_mul`: at one row and a few
+/// (the group kernels), at the panel product's 4 and 16 rows and at 70
+/// (two parts of rows), for every format and kind of activations, with a
+/// gate of 13 groups (chunks of 4, 4, 4 and 1 on two threads). A gate that
+/// is not a whole number of groups is not taken.
+#[test]
+fn silu_in_the_product_is_the_product_then_silu() {
+    tch::manual_seed(5);
+    let workers = pool();
+    let inter = 13 * NG;
+    for fmt in FORMATS {
+        let k = fit(fmt, 64);
+        let w = QuantMatrix::new(&random_rows(fmt, 2 * inter, k, 9));
+        for m in [1i64, 3, 4, 16, 70] {
+            let x = Tensor::randn([m, k as i64], (Kind::Float, Device::Cpu));
+            for acts in ACTIVATIONS {
+                let gu = w.forward(&x, acts, &workers).expect("forward");
+                let want = crate::fused::cpu::silu_mul(&gu, inter as i64).expect("silu");
+                let got = w
+                    .forward_silu(&x, acts, &workers)
+                    .expect("fused")
+                    .expect("a whole number of groups");
+                assert_eq!(got.size(), [m, inter as i64]);
+                let (got, want) = (
+                    crate::attn::f32_view(&got).expect("got").to_vec(),
+                    crate::attn::f32_view(&want).expect("want").to_vec(),
+                );
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{fmt:?}, {m} rows, {acts:?}: differs");
+            }
+        }
+    }
+    let w = QuantMatrix::new(&random_rows(Format::Q8_0, 2 * 40, 32, 3));
+    let x = Tensor::randn([2, 32], (Kind::Float, Device::Cpu));
+    let taken = w.forward_silu(&x, Activations::Int8Residual, &workers);
+    assert!(taken.expect("no error").is_none());
+}
