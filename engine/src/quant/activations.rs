@@ -185,6 +185,16 @@ impl QuantizedRows {
         }
     }
 
+    /// Without the residual, the quants themselves as int16, for the
+    /// int16 kernels (`wide_rows`, the panel product): their `q_w . x`
+    /// less the offset's correction is then the int8 kernels' integer,
+    /// and `scale` is the block's `dx`, so the same bits.
+    pub(super) fn widen_plain(&mut self) {
+        if self.residual.is_none() {
+            self.wide = self.q.iter().map(|&a| i16::from(a)).collect();
+        }
+    }
+
     #[inline(always)]
     pub(super) fn block(&self, r: usize, b: usize) -> QuantBlock<'_> {
         let i = r * self.blocks + b;

@@ -21,8 +21,11 @@
 //!   each widened alone, each 16 values' products summed apart (one scale
 //!   each).
 //!
-//! With the residual, byte quants (Q8_0, Q6_K) take another way: the
-//! activations come as int16 `128 q + q2` ([`QuantizedRows::wide`]) and
+//! Byte quants (Q8_0, Q6_K) take another way (which int8 activations
+//! without the residual take too, as int16 `q`: one `vpmaddwd` chain
+//! instead of `vpmaddubsw`, its sign flips and a `vpmaddwd` by ones; the
+//! same integers): the activations come as int16 `128 q + q2`
+//! ([`QuantizedRows::wide`]) and
 //! the quants, unsigned as stored, are widened to int16 (for two rows at
 //! a time, [`wide_rows`]), so each block's `128 q.w + q2.w` is one chain
 //! of `vpmaddwd` (pairs of int16 products summed into int32) instead of
@@ -307,7 +310,7 @@ unsafe fn int8(
     store(tile, &acc, n_rows, h);
 }
 
-/// [`int8`] for byte quants (Q8_0, Q6_K) with the residual, through int16
+/// [`int8`] for byte quants (Q8_0, Q6_K), through int16
 /// products (see the module comment), `R` rows (one or two) at a time,
 /// both halves of the group in one pass: per block and k-quad, the 16
 /// columns' quants as stored (unsigned) widened to 4 vectors of int16

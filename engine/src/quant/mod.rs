@@ -184,7 +184,7 @@ impl Format {
 #[cfg(target_arch = "x86_64")]
 const PANEL_PART: usize = 64;
 
-/// The fewest rows the panel product takes (AVX2 with the residual, every
+/// The fewest rows the panel product takes (AVX2, every
 /// format; see `panel.rs`): 4, where it measured as fast as the other
 /// AVX2 kernels or faster on a Zen 3 (at 1 and 2 rows, widening a panel
 /// for so few rows costs more than it saves). `GYRE_PANEL_MIN` sets it,
@@ -566,10 +566,13 @@ impl QuantMatrix {
                     self.fmt.halves(),
                     Some(workers),
                 );
-                // The AVX2 kernels' int16 activations: for byte quants, and
-                // for the panel product (every format) from its fewest rows.
+                // The AVX2 kernels' int16 activations (`128 q + q2`, or
+                // without the residual `q` itself): for byte quants, and
+                // for the panel product (every format) from its fewest
+                // rows.
                 if kernel == Kernel::Avx2 && (self.fmt.byte_quants() || m >= panel_min()) {
                     q.widen();
+                    q.widen_plain();
                 }
                 Rows::Int8(q)
             }

@@ -1,5 +1,6 @@
-//! The AVX2 product with the residual from a few rows up (`panel_min` in
-//! `mod.rs`), for every format: the same integers and float operations as
+//! The AVX2 product from a few rows up (`panel_min` in `mod.rs`), for
+//! every format, with the residual (int16 activations `128 q + q2`) or
+//! int8 alone (the quants as int16): the same integers and float operations as
 //! the other AVX2 kernels (`avx2.rs`; so the same bits), with each block's
 //! quants widened once for all the rows instead of once per row or row
 //! pair.

@@ -278,7 +278,8 @@ fn simd_and_portable_kernels_agree_exactly() {
     }
 }
 
-/// The AVX2 panel product (every format with the residual, from 4 rows):
+/// The AVX2 panel product (every format, with the residual or int8
+/// alone, from 4 rows):
 /// panels of every width (1 to 6 groups, a partial last group), row
 /// parts past 64 and the threads' splits give the portable kernel's bits.
 #[cfg(target_arch = "x86_64")]
@@ -302,19 +303,20 @@ fn avx2_panel_agrees_exactly_at_every_width() {
             let x = x.narrow(0, 0, m);
             let xs = crate::attn::f32_view(&x).expect("view");
             let m = m as usize;
-            let mut want = vec![0f32; m * n];
             let one = crate::gemm::Workers::new(1).expect("workers");
-            let acts = Activations::Int8Residual;
-            w.matmul(xs, m, acts, Kernel::Portable, &one, &mut want);
-            for threads in [1, 2, 3] {
-                let workers = crate::gemm::Workers::new(threads).expect("workers");
-                let mut got = vec![f32::NAN; m * n];
-                w.matmul(xs, m, acts, Kernel::Avx2, &workers, &mut got);
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same, "{fmt:?} m={m} threads={threads}");
+            for acts in [Activations::Int8Residual, Activations::Int8] {
+                let mut want = vec![0f32; m * n];
+                w.matmul(xs, m, acts, Kernel::Portable, &one, &mut want);
+                for threads in [1, 2, 3] {
+                    let workers = crate::gemm::Workers::new(threads).expect("workers");
+                    let mut got = vec![f32::NAN; m * n];
+                    w.matmul(xs, m, acts, Kernel::Avx2, &workers, &mut got);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{fmt:?} {acts:?} m={m} threads={threads}");
+                }
             }
         }
     }
