@@ -23,6 +23,12 @@ pub struct LlamaServer {
     pub log: PathBuf,
 }
 
+/// The OpenMP settings of how idle threads wait, which the references
+/// (llama-server here, transformers in `reference.rs`) do not inherit
+/// from the bench's environment: they run with OpenMP's defaults, as
+/// their users run them.
+pub(crate) const OPENMP_WAITS: [&str; 3] = ["OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME"];
+
 /// How to start it.
 pub struct LlamaOptions<'a> {
     pub bin: &'a Path,
@@ -65,8 +71,16 @@ impl LlamaServer {
         let mut log = tokio::fs::File::create(&opts.log)
             .await
             .with_context(|| format!("creating {}", opts.log.display()))?;
-        let mut child = Command::new(opts.bin)
-            .args(opts.args())
+        let mut command = Command::new(opts.bin);
+        command.args(opts.args());
+        // llama.cpp's OpenMP threads meet at every op's barrier; told to
+        // sleep there (`OMP_WAIT_POLICY=PASSIVE`, which gyre itself runs
+        // with and a shell may have exported), it decoded a quarter as
+        // fast.
+        for var in OPENMP_WAITS {
+            command.env_remove(var);
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

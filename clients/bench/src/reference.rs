@@ -71,7 +71,11 @@ impl Python {
     /// of its stderr.
     pub async fn run(&self, script: &str, args: &[&std::ffi::OsStr]) -> anyhow::Result<String> {
         let path = self.scripts.join(script);
-        let output = Command::new(&self.interpreter)
+        let mut command = Command::new(&self.interpreter);
+        for var in crate::llama_server::OPENMP_WAITS {
+            command.env_remove(var);
+        }
+        let output = command
             .arg(&path)
             .args(args)
             .env("HF_HUB_OFFLINE", "1")
