@@ -32,16 +32,19 @@
 //! projection's first weight loads) before waiting for it, so a decode
 //! step's hundreds of small kernels do not each pay a launch and a drain.
 //! `GYRE_PDL=0` launches them plainly (for comparisons).
-//! `GYRE_GEMV_UNROLL=8` or `16` gives the one-row matrix-vector kernel that
-//! many weight loads in flight per lane instead of 4 (for comparisons: on
-//! an H200 both made the 8B shape's decode step slower).
-//! `GYRE_GEMV_SPLIT=2`, `4` or `8` splits each weight row of one-row
-//! products with at least `GYRE_GEMV_SPLIT_MIN_K` columns (default 0) over
-//! that many warps, whose float32 sums are then added (for comparisons; not
-//! yet measured on a GPU, so off by default). `GYRE_GEMV_SILU=1` runs a
-//! one-row MLP's gate/up product and SiLU product in one kernel
-//! ([`gemv_silu`]: the same bits, one launch and one intermediate fewer a
-//! layer; also not yet measured, so off by default).
+//! `GYRE_GEMV_UNROLL=8` or `16` gives the one-row matrix-vector kernel at
+//! one warp a row (`GYRE_GEMV_SPLIT=1`) that many weight loads in flight
+//! per lane instead of 4 (for comparisons: on an H200 both made the 8B
+//! shape's decode step slower).
+//! One-row products split each weight row over four warps, whose float32
+//! sums are then added (on an H200 the 8B shape's batch-1 decode graph took
+//! 4.585 ms against 4.750 with one warp a row); `GYRE_GEMV_SPLIT=1`, `2` or
+//! `8` sets the warps a row, for rows of at least `GYRE_GEMV_SPLIT_MIN_K`
+//! columns (default 0), and `GYRE_GEMV_MAX_K` sends longer rows to cuBLAS
+//! (both for comparisons). `GYRE_GEMV_SILU=1` runs a one-row MLP's gate/up
+//! product and SiLU product in one kernel ([`gemv_silu`]: one launch and
+//! one intermediate fewer a layer; off by default: on an H200 it measured
+//! no faster).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -227,6 +230,20 @@ fn gemv_max_rows() -> i64 {
     })
 }
 
+/// Most columns of a product the matrix-vector kernel takes
+/// (`GYRE_GEMV_MAX_K`, default no limit); longer rows go to cuBLAS (for
+/// comparisons: on an H200 the kernel lost to cuBLAS on the 8B shape's
+/// down projection, 14,336 columns, and beat it on the others).
+fn gemv_max_k() -> i64 {
+    static MAX: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("GYRE_GEMV_MAX_K")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .map_or(i64::MAX, |v| v.max(0))
+    })
+}
+
 /// `x` [m, k] times `w` [n, k] transposed (+ `bias` [n]) with gyre's
 /// matrix-vector kernel, for decode steps of a few rows on CUDA in bf16:
 /// [m, n], or None when the kernel does not take these tensors (the caller
@@ -245,6 +262,7 @@ pub(crate) fn gemv(
         || ws.len() != 2
         || xs[0] > gemv_max_rows()
         || xs[0] == 0
+        || xs[1] > gemv_max_k()
         || xs[1] != ws[1]
         || xs[1] % 8 != 0
         || !env_on("GYRE_GEMV", &ON)
@@ -262,7 +280,8 @@ pub(crate) fn gemv(
 }
 
 /// Whether one-row gate/up products take [`gemv_silu`]
-/// (`GYRE_GEMV_SILU=1`; off by default until measured on a GPU).
+/// (`GYRE_GEMV_SILU=1`; off by default: on an H200 the 8B shape's decode
+/// graph took 4.760 ms with it and 4.750 without).
 fn gemv_silu_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("GYRE_GEMV_SILU").is_ok_and(|v| v == "1"))
@@ -270,8 +289,9 @@ fn gemv_silu_on() -> bool {
 
 /// `silu(x G^T) * (x U^T)` for one row `x` [1, k] and a stacked gate/up
 /// weight `w` [2 inter, k] (gate rows first), in one kernel: [1, inter],
-/// bit for bit [`gemv`] then [`silu_mul`] (at the default unroll, no
-/// split). None when the kernel does not take these tensors or is off
+/// bit for bit [`gemv`] then [`silu_mul`] when gemv runs one warp a row
+/// (`GYRE_GEMV_SPLIT=1`) at the default unroll; within a bf16 step of them
+/// otherwise (the default split sums each row in another order). None when the kernel does not take these tensors or is off
 /// (`GYRE_GEMV_SILU`, and `GYRE_GEMV=0` turns it off too); `w` as in
 /// [`gemv`] must be a weight no kernel in flight writes.
 pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, EngineError> {

@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, profile, serve-smoke, bench,
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, profile, serve-smoke, bench,
 # bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -217,6 +217,32 @@ step_gemv_silu() {
   $B/examples/cuda_check "$m1" 2>&1 | grep -E "silu|rror|panic" | tee -a "$OUT/gemv-silu.txt"
   for e in 0 1 1 0; do steptime_run "$m8" 1 128 GYRE_GEMV_SILU=$e; done 2>&1 | tee -a "$OUT/gemv-silu.txt"
   for e in 0 1; do steptime_run "$m1" 1 128 GYRE_GEMV_SILU=$e; done 2>&1 | tee -a "$OUT/gemv-silu.txt"
+}
+
+step_gemv_ab() {
+  # The one-row kernel's variants side by side in one call, the 8B shape's
+  # batch-1 decode step (CUDA graphs, graph replay time): each row split
+  # over 4 warps (the default), over 1, 2 or 8 (GYRE_GEMV_SPLIT), split only
+  # at 8,192 columns or more (GYRE_GEMV_SPLIT_MIN_K: the down projection);
+  # rows over 8,192 columns on cuBLAS (GYRE_GEMV_MAX_K); gate/up and SiLU
+  # in one kernel (GYRE_GEMV_SILU=1). cuda_check's kernel checks and
+  # projection timings for each split first; each 8B variant runs twice,
+  # in opposite orders; then the 1B, and the 8B at a 2,000-token context.
+  local e m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  for e in GYRE_GEMV_SPLIT=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=8; do
+    echo "== cuda_check $e"
+    env $e timeout 60 $B/examples/cuda_check "$m1" 2>&1 | grep -E "gemv|projection|silu|rror|panic"
+  done 2>&1 | tee -a "$OUT/gemv-ab.txt"
+  local runs="GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=8 GYRE_GEMV_SPLIT=8,GYRE_GEMV_SPLIT_MIN_K=8192 GYRE_GEMV_MAX_K=8192 GYRE_GEMV_SILU=1,GYRE_GEMV_SPLIT=1"
+  for e in $runs $(echo $runs | tr ' ' '\n' | tac); do
+    steptime_run "$m8" 1 128 ${e//,/ }
+  done 2>&1 | tee -a "$OUT/gemv-ab.txt"
+  for e in GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=8 X=1; do
+    steptime_run "$m1" 1 128 ${e//,/ }
+  done 2>&1 | tee -a "$OUT/gemv-ab.txt"
+  for e in GYRE_GEMV_SPLIT=1 X=1; do
+    steptime_run "$m8" 1 2000 ${e//,/ }
+  done 2>&1 | tee -a "$OUT/gemv-ab.txt"
 }
 
 step_gemv_rows() {
