@@ -321,10 +321,10 @@ GYRE_GEMV_SPLIT(8)
 // One row through a stacked gate/up weight w [2 inter, k] (gate rows
 // first) and the SiLU product: y[j] = bf16(bf16(silu(g)) * u) for j <
 // inter, g and u the bf16 sums of rows j and inter + j. Each row's sum is
-// taken in gyre_gemv1's order (one warp a row, GYRE_GEMV_SPLIT=1) and
-// rounded as it rounds its output, and the product as gyre_silu_mul's, so
-// the result is theirs bit for bit, in one kernel instead of two and
-// without the [2 inter] intermediate.
+// taken in gyre_gemv1's order (one warp a row: taken at GYRE_GEMV_SPLIT=1,
+// and at 8) and rounded as it rounds its output, and the product as
+// gyre_silu_mul's, so the result is theirs bit for bit, in one kernel
+// instead of two and without the [2 inter] intermediate.
 extern "C" __global__ void gyre_gemv1_silu(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                            bf16* __restrict__ y, int inter, int k) {
   constexpr int U = 4;
@@ -375,6 +375,78 @@ extern "C" __global__ void gyre_gemv1_silu(const bf16* __restrict__ x, const bf1
     y[row] = st(rd(g / (1.0f + expf(-g))) * u);
   }
 }
+
+// gyre_gemv1_silu with each gate and up row split over S warps as
+// gemv_split splits it (S = 2 or 4; the block's 8 warps hold 8 / (2 S)
+// outputs, a gate row's S parts then its up row's): the parts' sums are
+// added and rounded in gemv_split's order, then multiplied as
+// gyre_silu_mul multiplies, so the result is gyre_gemv1_s<S> then
+// gyre_silu_mul bit for bit.
+template <int S>
+__device__ __forceinline__ void gemv_silu_split(const bf16* __restrict__ x,
+                                                const bf16* __restrict__ w,
+                                                bf16* __restrict__ y, int inter, int k) {
+  constexpr int U = 4;
+  constexpr int STEP = 32 * S;
+  constexpr int OUTS = 8 / (2 * S);
+  __shared__ float part[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int out = blockIdx.x * OUTS + warp / (2 * S);
+  const int up = (warp / S) & 1;
+  const int p = warp % S;
+  const bool live = out < inter;
+  const int k8 = k >> 3;
+  const long row = (long)(live ? out : 0) + (up ? inter : 0);
+  const U4* wr = reinterpret_cast<const U4*>(w + row * k);
+  const U4* xr = reinterpret_cast<const U4*>(x);
+  const int i0 = p * 32 + lane;
+  U4 wv[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int j = i0 + u * STEP;
+    wv[u] = live && j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+  }
+  dep_wait();
+  dep_launch();
+  float acc = 0.0f;
+  if (live) {
+    for (int i = i0; i < k8; i += STEP * U) {
+      if (i != i0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          int j = i + u * STEP;
+          wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        int j = i + u * STEP;
+        if (j < k8) acc = dot8(wv[u], xr[j], acc);
+      }
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  if (live && warp % (2 * S) == 0 && lane == 0) {
+    float sg = 0.0f, su = 0.0f;
+#pragma unroll
+    for (int q = 0; q < S; q++) sg += part[warp + q];
+#pragma unroll
+    for (int q = 0; q < S; q++) su += part[warp + S + q];
+    // + 0.0f as gemv_split adds its (absent) bias: the same bits for -0.
+    float g = rd(sg + 0.0f), u = rd(su + 0.0f);
+    y[out] = st(rd(g / (1.0f + expf(-g))) * u);
+  }
+}
+
+#define GYRE_GEMV_SILU_SPLIT(S)                                                               \
+  extern "C" __global__ void gyre_gemv1_silu_s##S(const bf16* x, const bf16* w, bf16* y,      \
+                                                  int inter, int k) {                         \
+    gemv_silu_split<S>(x, w, y, inter, k);                                                    \
+  }
+GYRE_GEMV_SILU_SPLIT(2)
+GYRE_GEMV_SILU_SPLIT(4)
 
 extern "C" __global__ void gyre_gemv1_u8(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                          int m, int n, int k) {
@@ -700,6 +772,7 @@ struct Kernels {
   CUfunction add_rms_norm = nullptr, rope_kv = nullptr, silu_mul = nullptr;
   CUfunction gemv[4] = {nullptr, nullptr, nullptr, nullptr};  // rows <= 1, 2, 4, 8
   CUfunction gemv1_u8 = nullptr, gemv1_u16 = nullptr, gemv1_silu = nullptr;
+  CUfunction gemv1_silu_split[2] = {nullptr, nullptr};  // 2, 4 warps a row
   int gemv_unroll = 4;  // loads in flight per lane at one row (GYRE_GEMV_UNROLL)
   // One-row products with k >= gemv_split_min_k split each weight row over
   // gemv_split warps (GYRE_GEMV_SPLIT, GYRE_GEMV_SPLIT_MIN_K; 1: no split).
@@ -772,6 +845,8 @@ bool init_locked(Kernels& k, std::string& why) {
       get(&k.gemv[1], m, "gyre_gemv2") || get(&k.gemv[2], m, "gyre_gemv4") ||
       get(&k.gemv[3], m, "gyre_gemv8") || get(&k.gemv1_u8, m, "gyre_gemv1_u8") ||
       get(&k.gemv1_u16, m, "gyre_gemv1_u16") || get(&k.gemv1_silu, m, "gyre_gemv1_silu") ||
+      get(&k.gemv1_silu_split[0], m, "gyre_gemv1_silu_s2") ||
+      get(&k.gemv1_silu_split[1], m, "gyre_gemv1_silu_s4") ||
       get(&k.gemv1_split[0], m, "gyre_gemv1_s2") ||
       get(&k.gemv1_split[1], m, "gyre_gemv1_s4") || get(&k.gemv1_split[2], m, "gyre_gemv1_s8") ||
       get(&k.attn_split64, m, "gyre_attn_split64") ||
@@ -1046,7 +1121,15 @@ int gyre_fused_gemv_silu(const at::Tensor* x, const at::Tensor* w, const at::Ten
   void* args[] = {&xp, &wp, &yp, &ni, &ki};
   constexpr unsigned warps = 8;
   unsigned grid = static_cast<unsigned>((inter + warps - 1) / warps);
-  if (!launch(ks.gemv1_silu, grid, warps * 32, args, why)) {
+  auto f = ks.gemv1_silu;
+  // The rows split as gyre_fused_gemv splits them (2 or 4 warps; at 8,
+  // one warp a row).
+  if ((ks.gemv_split == 2 || ks.gemv_split == 4) && k >= ks.gemv_split_min_k) {
+    unsigned outs = warps / (2 * ks.gemv_split);
+    f = ks.gemv1_silu_split[ks.gemv_split == 2 ? 0 : 1];
+    grid = static_cast<unsigned>((inter + outs - 1) / outs);
+  }
+  if (!launch(f, grid, warps * 32, args, why)) {
     put(err, err_len, why);
     return 1;
   }

@@ -43,8 +43,9 @@
 //! columns (default 0), and `GYRE_GEMV_MAX_K` sends longer rows to cuBLAS
 //! (both for comparisons). `GYRE_GEMV_SILU=1` runs a one-row MLP's gate/up
 //! product and SiLU product in one kernel ([`gemv_silu`]: one launch and
-//! one intermediate fewer a layer; off by default: on an H200 it measured
-//! no faster).
+//! one intermediate fewer a layer; off by default: on an H200, with one
+//! warp a row, it measured no faster; its rows now split as gemv's do, not
+//! yet measured).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -280,8 +281,9 @@ pub(crate) fn gemv(
 }
 
 /// Whether one-row gate/up products take [`gemv_silu`]
-/// (`GYRE_GEMV_SILU=1`; off by default: on an H200 the 8B shape's decode
-/// graph took 4.760 ms with it and 4.750 without).
+/// (`GYRE_GEMV_SILU=1`; off by default: on an H200, both at one warp a
+/// row, the 8B shape's decode graph took 4.760 ms with it and 4.750
+/// without).
 fn gemv_silu_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("GYRE_GEMV_SILU").is_ok_and(|v| v == "1"))
@@ -289,9 +291,10 @@ fn gemv_silu_on() -> bool {
 
 /// `silu(x G^T) * (x U^T)` for one row `x` [1, k] and a stacked gate/up
 /// weight `w` [2 inter, k] (gate rows first), in one kernel: [1, inter],
-/// bit for bit [`gemv`] then [`silu_mul`] when gemv runs one warp a row
-/// (`GYRE_GEMV_SPLIT=1`) at the default unroll; within a bf16 step of them
-/// otherwise (the default split sums each row in another order). None when the kernel does not take these tensors or is off
+/// bit for bit [`gemv`] then [`silu_mul`]: its rows split over 2 or 4
+/// warps as gemv's are (the default 4), or one warp a row at
+/// `GYRE_GEMV_SPLIT=1` (at the default unroll) and at 8 (then within a
+/// bf16 step of them: gemv sums each row in another order). None when the kernel does not take these tensors or is off
 /// (`GYRE_GEMV_SILU`, and `GYRE_GEMV=0` turns it off too); `w` as in
 /// [`gemv`] must be a weight no kernel in flight writes.
 pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, EngineError> {

@@ -225,7 +225,8 @@ step_gemv_ab() {
   # over 4 warps (the default), over 1, 2 or 8 (GYRE_GEMV_SPLIT), split only
   # at 8,192 columns or more (GYRE_GEMV_SPLIT_MIN_K: the down projection);
   # rows over 8,192 columns on cuBLAS (GYRE_GEMV_MAX_K); gate/up and SiLU
-  # in one kernel (GYRE_GEMV_SILU=1). cuda_check's kernel checks and
+  # in one kernel, its rows split as gemv's (GYRE_GEMV_SILU=1). cuda_check's
+  # kernel checks (the SiLU kernel bit for bit at splits 1, 2, 4) and
   # projection timings for each split first; each 8B variant runs twice,
   # in opposite orders; then the 1B, and the 8B at a 2,000-token context.
   local e m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
@@ -233,11 +234,11 @@ step_gemv_ab() {
     echo "== cuda_check $e"
     env $e timeout 60 $B/examples/cuda_check "$m1" 2>&1 | grep -E "gemv|projection|silu|rror|panic"
   done 2>&1 | tee -a "$OUT/gemv-ab.txt"
-  local runs="GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=8 GYRE_GEMV_SPLIT=8,GYRE_GEMV_SPLIT_MIN_K=8192 GYRE_GEMV_MAX_K=8192 GYRE_GEMV_SILU=1,GYRE_GEMV_SPLIT=1"
+  local runs="GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=2 GYRE_GEMV_SPLIT=8 GYRE_GEMV_SPLIT=8,GYRE_GEMV_SPLIT_MIN_K=8192 GYRE_GEMV_MAX_K=8192 GYRE_GEMV_SILU=1"
   for e in $runs $(echo $runs | tr ' ' '\n' | tac); do
     steptime_run "$m8" 1 128 ${e//,/ }
   done 2>&1 | tee -a "$OUT/gemv-ab.txt"
-  for e in GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=8 X=1; do
+  for e in GYRE_GEMV_SPLIT=1 X=1 GYRE_GEMV_SPLIT=8 GYRE_GEMV_SILU=1 X=1; do
     steptime_run "$m1" 1 128 ${e//,/ }
   done 2>&1 | tee -a "$OUT/gemv-ab.txt"
   for e in GYRE_GEMV_SPLIT=1 X=1; do

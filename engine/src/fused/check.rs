@@ -98,12 +98,17 @@ pub fn check_against_libtorch() -> Result<Vec<(String, f64)>, EngineError> {
         out.push((format!("gemv {m}x{k} . {n}x{k}"), rel(&got, &reference)));
     }
     // Gate/up and SiLU in one kernel against the matrix-vector kernel then
-    // the SiLU kernel: the same bits when gemv runs one warp a row at four
-    // loads a lane (GYRE_GEMV_SPLIT=1; the default split of each row over
-    // four warps, or GYRE_GEMV_UNROLL, change gemv's order of sums: then a
-    // bf16 step apart at most, named as the gemv rows are).
-    let default_order = std::env::var("GYRE_GEMV_UNROLL").map_or(true, |v| v == "4")
-        && std::env::var("GYRE_GEMV_SPLIT").is_ok_and(|v| v == "1");
+    // the SiLU kernel: the same bits when its rows are split as gemv's are
+    // (2 or 4 warps a row, the default 4), or at one warp a row with four
+    // loads a lane (GYRE_GEMV_SPLIT=1 without GYRE_GEMV_UNROLL); at 8 warps
+    // a row the SiLU kernel takes one warp a row, another order of sums: a
+    // bf16 step apart at most, named as the gemv rows are.
+    let unroll4 = std::env::var("GYRE_GEMV_UNROLL").map_or(true, |v| v != "8" && v != "16");
+    let default_order = match std::env::var("GYRE_GEMV_SPLIT").as_deref() {
+        Ok("1") => unroll4,
+        Ok("8") => false,
+        _ => true,
+    };
     let label = if default_order {
         "silu gemv"
     } else {
