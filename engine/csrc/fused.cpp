@@ -254,24 +254,15 @@ GYRE_GEMV(1)
 GYRE_GEMV(2)
 GYRE_GEMV(4)
 GYRE_GEMV(8)
-// One row, each weight row split over S warps of the block (8 / S rows a
-// block): part p of a row takes its 32-load chunks p, p + S, p + 2S, ...;
-// the parts' float32 sums are added in order in shared memory. For long
-// rows, where one warp a row leaves too little work in flight.
+// Part p of S of one weight row `wr` against x `xr` (k8 16-byte words):
+// its 32-load chunks p, p + S, p + 2S, ..., four loads in flight a lane,
+// the first issued before the kernel waits for the previous one. The
+// warp's float32 sum, in every lane.
 template <int S>
-__device__ __forceinline__ void gemv_split(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
-                                           int n, int k) {
+__device__ __forceinline__ float split_part(const U4* __restrict__ wr, const U4* __restrict__ xr,
+                                            int k8, int p, int lane, bool live) {
   constexpr int U = 4;
   constexpr int STEP = 32 * S;  // between a part's chunks, in 16-byte loads
-  __shared__ float part[8];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (8 / S) + warp / S;
-  const int p = warp % S;
-  const bool live = row < n;
-  const int k8 = k >> 3;
-  const U4* wr = reinterpret_cast<const U4*>(w + (long)(live ? row : 0) * k);
-  const U4* xr = reinterpret_cast<const U4*>(x);
   const int i0 = p * 32 + lane;
   U4 wv[U];
 #pragma unroll
@@ -298,10 +289,26 @@ __device__ __forceinline__ void gemv_split(const bf16* __restrict__ x, const bf1
       }
     }
   }
-  acc = warp_sum(acc);
+  return warp_sum(acc);
+}
+
+// One row, each weight row split over S warps of the block (8 / S rows a
+// block): part p of a row takes its 32-load chunks p, p + S, p + 2S, ...;
+// the parts' float32 sums are added in order in shared memory. For long
+// rows, where one warp a row leaves too little work in flight.
+template <int S>
+__device__ __forceinline__ void gemv_split(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                           const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                           int n, int k) {
+  __shared__ float part[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / S) + warp / S;
+  const bool live = row < n;
+  const U4* wr = reinterpret_cast<const U4*>(w + (long)(live ? row : 0) * k);
+  float acc = split_part<S>(wr, reinterpret_cast<const U4*>(x), k >> 3, warp % S, lane, live);
   if (lane == 0) part[warp] = acc;
   __syncthreads();
-  if (live && p == 0 && lane == 0) {
+  if (live && warp % S == 0 && lane == 0) {
     float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < S; q++) sum += part[warp + q];
@@ -386,46 +393,15 @@ template <int S>
 __device__ __forceinline__ void gemv_silu_split(const bf16* __restrict__ x,
                                                 const bf16* __restrict__ w,
                                                 bf16* __restrict__ y, int inter, int k) {
-  constexpr int U = 4;
-  constexpr int STEP = 32 * S;
   constexpr int OUTS = 8 / (2 * S);
   __shared__ float part[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int out = blockIdx.x * OUTS + warp / (2 * S);
   const int up = (warp / S) & 1;
-  const int p = warp % S;
   const bool live = out < inter;
-  const int k8 = k >> 3;
   const long row = (long)(live ? out : 0) + (up ? inter : 0);
   const U4* wr = reinterpret_cast<const U4*>(w + row * k);
-  const U4* xr = reinterpret_cast<const U4*>(x);
-  const int i0 = p * 32 + lane;
-  U4 wv[U];
-#pragma unroll
-  for (int u = 0; u < U; u++) {
-    int j = i0 + u * STEP;
-    wv[u] = live && j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
-  }
-  dep_wait();
-  dep_launch();
-  float acc = 0.0f;
-  if (live) {
-    for (int i = i0; i < k8; i += STEP * U) {
-      if (i != i0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          int j = i + u * STEP;
-          wv[u] = j < k8 ? ld_stream(wr + j) : U4{0u, 0u, 0u, 0u};
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        int j = i + u * STEP;
-        if (j < k8) acc = dot8(wv[u], xr[j], acc);
-      }
-    }
-  }
-  acc = warp_sum(acc);
+  float acc = split_part<S>(wr, reinterpret_cast<const U4*>(x), k >> 3, warp % S, lane, live);
   if (lane == 0) part[warp] = acc;
   __syncthreads();
   if (live && warp % (2 * S) == 0 && lane == 0) {
