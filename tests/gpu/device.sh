@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, profile, serve-smoke, bench,
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, kernels, profile, serve-smoke, bench,
 # bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -244,6 +244,27 @@ step_gemv_ab() {
   for e in GYRE_GEMV_SPLIT=1 X=1; do
     steptime_run "$m8" 1 2000 ${e//,/ }
   done 2>&1 | tee -a "$OUT/gemv-ab.txt"
+}
+
+step_kernels() {
+  # Each kernel's device time in one batch-1 decode step of the 8B shape
+  # (then the 1B), from Nsight Compute: eager steps (graphs and PDL off,
+  # so kernels run one after another as ncu serialises them anyway),
+  # caches not flushed and clocks not locked between kernels; two runs
+  # with 2 and 6 new tokens, whose difference / 4 is one step
+  # (tests/gpu/kernel_times.py).
+  local m n
+  command -v ncu >/dev/null || { echo "no ncu on this machine" | tee -a "$OUT/kernels.txt"; return 0; }
+  for m in "$W/llama-3-8b" "$W/llama-3.2-1b"; do
+    for n in 2 6; do
+      GYRE_CUDA_GRAPHS=0 GYRE_PDL=0 DEVICE=cuda ROUNDS=1 timeout ${KERNELS_TIMEOUT:-240} \
+        ncu --metrics gpu__time_duration.sum --csv --print-units base --cache-control none \
+        --clock-control none --log-file /tmp/kernels-$n.csv $B/examples/steptime "$m" 128 $n 1 \
+        > /tmp/kernels-$n.log 2>&1 || tail -5 /tmp/kernels-$n.log
+    done
+    echo "== $(basename "$m")"
+    python3 tests/gpu/kernel_times.py /tmp/kernels-2.csv /tmp/kernels-6.csv 4 | head -40
+  done 2>&1 | tee -a "$OUT/kernels.txt"
 }
 
 step_gemv_rows() {
