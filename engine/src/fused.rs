@@ -32,6 +32,8 @@
 //! projection's first weight loads) before waiting for it, so a decode
 //! step's hundreds of small kernels do not each pay a launch and a drain.
 //! `GYRE_PDL=0` launches them plainly (for comparisons).
+//! `GYRE_ATTN_MIN_CHUNK` sets the fewest keys a decode attention split
+//! takes (default 32; for comparisons).
 //! `GYRE_GEMV_UNROLL=8` or `16` gives the one-row matrix-vector kernel at
 //! one warp a row (`GYRE_GEMV_SPLIT=1`) that many weight loads in flight
 //! per lane instead of 4 (for comparisons: on an H200 both made the 8B
@@ -322,15 +324,32 @@ pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, Engine
 }
 
 /// How a decode attention call splits each sequence's keys: (keys per
-/// split, splits), aiming at two blocks per multiprocessor. A block scores
+/// split, splits), aiming at two blocks per multiprocessor, with at least
+/// `min_chunk` keys a split (rounded up to a whole round). A block scores
 /// 32 keys a round (4 warps of 8).
-fn attn_plan(seqs: i64, kv_heads: i64, max_k: i64, sms: i64) -> (i64, i64) {
+fn attn_plan(seqs: i64, kv_heads: i64, max_k: i64, sms: i64, min_chunk: i64) -> (i64, i64) {
     const ROUND: i64 = 32;
     let max_k = max_k.max(1);
     let per = ROUND * 2 * sms.max(1);
-    let rounds = ((seqs * kv_heads * max_k + per - 1) / per).max(1);
+    let rounds = ((seqs * kv_heads * max_k + per - 1) / per)
+        .max((min_chunk + ROUND - 1) / ROUND)
+        .max(1);
     let chunk = rounds * ROUND;
     (chunk, (max_k + chunk - 1) / chunk)
+}
+
+/// The fewest keys a decode attention split takes (`GYRE_ATTN_MIN_CHUNK`,
+/// default 32, one round): larger values mean fewer splits, down to one,
+/// which needs no merge kernel (for comparisons, on a GPU: at batch 1 and
+/// short contexts the split plan runs one round a block, then the merge).
+fn attn_min_chunk() -> i64 {
+    static MIN: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("GYRE_ATTN_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .map_or(32, |v| v.clamp(1, 1 << 20))
+    })
 }
 
 /// Decode attention over the paged pool in place (no gather copy), split
@@ -366,7 +385,7 @@ pub(crate) fn decode_attention(
         return Ok(None);
     }
     let (seqs, heads, d) = (qs[0], qs[1], qs[2]);
-    let (chunk, splits) = attn_plan(seqs, ks[1], max_k, ffi::sms());
+    let (chunk, splits) = attn_plan(seqs, ks[1], max_k, ffi::sms(), attn_min_chunk());
     let f32 = (Kind::Float, q.device());
     let (part, ml) = if splits > 1 {
         (
@@ -801,13 +820,18 @@ mod tests {
             (256, 8, 4096),
             (3, 3, 1),
         ] {
-            let (chunk, splits) = super::attn_plan(seqs, kvh, max_k, 132);
-            assert!(chunk >= 32 && chunk % 32 == 0, "{chunk}");
-            assert!(chunk * splits >= max_k && chunk * (splits - 1) < max_k);
+            for min_chunk in [1, 32, 33, 100, 256, 5000] {
+                let (chunk, splits) = super::attn_plan(seqs, kvh, max_k, 132, min_chunk);
+                assert!(chunk >= 32 && chunk % 32 == 0, "{chunk}");
+                assert!(chunk >= min_chunk, "{chunk} < {min_chunk}");
+                assert!(chunk * splits >= max_k && chunk * (splits - 1) < max_k);
+            }
         }
-        assert_eq!(super::attn_plan(1, 8, 256, 132), (32, 8));
-        assert_eq!(super::attn_plan(1, 8, 2048, 132), (64, 32));
-        assert_eq!(super::attn_plan(256, 8, 4096, 132).1, 1);
+        assert_eq!(super::attn_plan(1, 8, 256, 132, 32), (32, 8));
+        assert_eq!(super::attn_plan(1, 8, 2048, 132, 32), (64, 32));
+        assert_eq!(super::attn_plan(256, 8, 4096, 132, 32).1, 1);
+        assert_eq!(super::attn_plan(1, 8, 256, 132, 100), (128, 2));
+        assert_eq!(super::attn_plan(1, 8, 256, 132, 256), (256, 1));
     }
 
     /// Without a CUDA device loading fails (and the callers keep

@@ -7,7 +7,7 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, kernels, profile, serve-smoke, bench,
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, attn-ab, kernels, profile, serve-smoke, bench,
 # bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -244,6 +244,28 @@ step_gemv_ab() {
   for e in GYRE_GEMV_SPLIT=1 X=1; do
     steptime_run "$m8" 1 2000 ${e//,/ }
   done 2>&1 | tee -a "$OUT/gemv-ab.txt"
+}
+
+step_attn_ab() {
+  # Decode attention with fewer key splits (GYRE_ATTN_MIN_CHUNK: the fewest
+  # keys a split takes; the default plan gives 32 at a 256-key stride, 8
+  # splits, and one split needs no merge kernel): cuda_check's attention
+  # checks at 256 and 2,048, then batch-1 decode on the 8B at a 128-token
+  # prompt (both orders) and a 2,000-token one, and on the 1B.
+  local e m8="$W/llama-3-8b" m1="$W/llama-3.2-1b"
+  for e in 256 2048; do
+    echo "== cuda_check GYRE_ATTN_MIN_CHUNK=$e"
+    GYRE_ATTN_MIN_CHUNK=$e timeout 60 $B/examples/cuda_check "$m1" 2>&1 | grep -E "attention|rror|panic"
+  done 2>&1 | tee -a "$OUT/attn-ab.txt"
+  for e in 32 64 128 256 256 128 64 32; do
+    steptime_run "$m8" 1 128 GYRE_ATTN_MIN_CHUNK=$e
+  done 2>&1 | tee -a "$OUT/attn-ab.txt"
+  for e in 32 256 1024 2048; do
+    steptime_run "$m8" 1 2000 GYRE_ATTN_MIN_CHUNK=$e
+  done 2>&1 | tee -a "$OUT/attn-ab.txt"
+  for e in 32 256 32 256; do
+    steptime_run "$m1" 1 128 GYRE_ATTN_MIN_CHUNK=$e
+  done 2>&1 | tee -a "$OUT/attn-ab.txt"
 }
 
 step_kernels() {
