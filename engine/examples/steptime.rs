@@ -30,9 +30,13 @@
 //! `KV=f16` runs with a float16 KV cache (`--kv-cache-dtype f16`);
 //! `KV_AB=1` compares it side by side with the default (float32) as
 //! `HUGE_PAGES_AB` does: the second engine has the float16 cache.
+//!
+//! `CHUNKS_AB=1` compares, on one engine, one-row products cut into one
+//! contiguous run of columns a thread (the default) against four, round
+//! by round (`engine/src/workers.rs`, `Workers::chunks`).
 use std::time::Instant;
 
-use gyre_engine::internals::set_huge_pages;
+use gyre_engine::internals::{set_huge_pages, set_one_row_runs};
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
     Sampling,
@@ -88,8 +92,11 @@ fn main() {
                 small
             })
     };
+    let chunks_ab = std::env::var("CHUNKS_AB").is_ok_and(|v| v == "1");
     let (label_a, label_b) = if kv_ab {
         ("default KV", "f16 KV")
+    } else if chunks_ab {
+        ("one run a thread", "four runs a thread")
     } else {
         ("huge pages", "small pages")
     };
@@ -113,6 +120,11 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
+            None if chunks_ab => {
+                set_one_row_runs(if round % 2 == 1 { 4 } else { 1 });
+                let label = if round % 2 == 1 { label_b } else { label_a };
+                (&huge, format!(" ({label})"))
+            }
             None => (&huge, String::new()),
         };
         let prompt: Vec<u32> = (0..plen as u32)
@@ -170,7 +182,7 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some() {
+    if small.is_some() || chunks_ab {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(

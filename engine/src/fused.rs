@@ -217,6 +217,22 @@ fn env_on(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool 
     *cell.get_or_init(|| std::env::var(name).map_or(true, |v| v != "0"))
 }
 
+/// Reads an integer knob from the environment once: `fit` of the value,
+/// or `default` when it is unset or not an integer.
+fn env_i64(
+    name: &'static str,
+    cell: &'static std::sync::OnceLock<i64>,
+    default: i64,
+    fit: fn(i64) -> i64,
+) -> i64 {
+    *cell.get_or_init(|| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .map_or(default, fit)
+    })
+}
+
 /// Most rows of `x` the matrix-vector kernel takes (`GYRE_GEMV_MAX_ROWS`,
 /// 0 to 8; default 1); larger batches go to cuBLAS. On an H100 with the
 /// Llama-3-8B shape the kernel beat cuBLAS at one row (6.28 vs 6.55 ms a
@@ -225,12 +241,7 @@ fn env_on(name: &'static str, cell: &'static std::sync::OnceLock<bool>) -> bool 
 /// weight load.
 fn gemv_max_rows() -> i64 {
     static MAX: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("GYRE_GEMV_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .map_or(1, |v| v.clamp(0, 8))
-    })
+    env_i64("GYRE_GEMV_MAX_ROWS", &MAX, 1, |v| v.clamp(0, 8))
 }
 
 /// Most columns of a product the matrix-vector kernel takes
@@ -239,12 +250,7 @@ fn gemv_max_rows() -> i64 {
 /// down projection, 14,336 columns, and beat it on the others).
 fn gemv_max_k() -> i64 {
     static MAX: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("GYRE_GEMV_MAX_K")
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .map_or(i64::MAX, |v| v.max(0))
-    })
+    env_i64("GYRE_GEMV_MAX_K", &MAX, i64::MAX, |v| v.max(0))
 }
 
 /// `x` [m, k] times `w` [n, k] transposed (+ `bias` [n]) with gyre's
@@ -296,9 +302,10 @@ fn gemv_silu_on() -> bool {
 /// bit for bit [`gemv`] then [`silu_mul`]: its rows split over 2 or 4
 /// warps as gemv's are (the default 4), or one warp a row at
 /// `GYRE_GEMV_SPLIT=1` (at the default unroll) and at 8 (then within a
-/// bf16 step of them: gemv sums each row in another order). None when the kernel does not take these tensors or is off
-/// (`GYRE_GEMV_SILU`, and `GYRE_GEMV=0` turns it off too); `w` as in
-/// [`gemv`] must be a weight no kernel in flight writes.
+/// bf16 step of them: gemv sums each row in another order). None when the
+/// kernel does not take these tensors or is off (`GYRE_GEMV_SILU`, and
+/// `GYRE_GEMV=0` turns it off too); `w` as in [`gemv`] must be a weight
+/// no kernel in flight writes.
 pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, EngineError> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let (xs, ws) = (x.size(), w.size());
@@ -344,12 +351,7 @@ fn attn_plan(seqs: i64, kv_heads: i64, max_k: i64, sms: i64, min_chunk: i64) -> 
 /// short contexts the split plan runs one round a block, then the merge).
 fn attn_min_chunk() -> i64 {
     static MIN: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("GYRE_ATTN_MIN_CHUNK")
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .map_or(32, |v| v.clamp(1, 1 << 20))
-    })
+    env_i64("GYRE_ATTN_MIN_CHUNK", &MIN, 32, |v| v.clamp(1, 1 << 20))
 }
 
 /// Decode attention over the paged pool in place (no gather copy), split

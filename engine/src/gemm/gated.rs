@@ -73,7 +73,7 @@ impl Packed {
         let width = if silu { inter } else { 2 * inter };
         crate::attn::f32_tensor_written(&[m as i64, width as i64], |out| {
             let pairs = inter.div_ceil(NR);
-            let chunks = (workers.threads() * 4).clamp(1, pairs);
+            let chunks = workers.chunks(m, pairs);
             let mut per = pairs.div_ceil(chunks);
             if m == 1 {
                 // Whole groups of panels for the one-row kernel.

@@ -101,8 +101,8 @@ impl Packed {
         // their columns (all n of them between the chunks) for every row.
         crate::attn::f32_tensor_written(&[m as i64, self.n as i64], |out| {
             let panels = self.n.div_ceil(NR);
-            // Contiguous runs of panels, a few per thread so the work balances.
-            let chunks = (workers.threads() * 4).clamp(1, panels);
+            // Contiguous runs of panels (see `Workers::chunks`).
+            let chunks = workers.chunks(m, panels);
             let mut per = panels.div_ceil(chunks);
             if m == 1 {
                 // Whole groups of panels for the one-row kernel.

@@ -218,8 +218,9 @@ impl QuantMatrix {
     /// parts, part)`, chunks of `per` groups each, times parts of `part`
     /// rows. The panel product: panels of up to 6 groups, at least two a
     /// thread where there are enough groups; rows in parts of 64
-    /// (prefill's many). The other kernels: a few chunks a thread, each
-    /// taking all the rows.
+    /// (prefill's many). The other kernels: chunks as
+    /// [`crate::gemm::Workers::chunks`] says (one a thread for one row),
+    /// each taking all the rows.
     fn chunking(
         rows: &Rows,
         groups: usize,
@@ -240,9 +241,7 @@ impl QuantMatrix {
             );
         }
         let _ = (rows, kernel);
-        let per = groups
-            .div_ceil((workers.threads() * 4).clamp(1, groups.max(1)))
-            .max(1);
+        let per = groups.div_ceil(workers.chunks(m, groups)).max(1);
         (groups.div_ceil(per), per, 1, m.max(1))
     }
 
