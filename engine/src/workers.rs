@@ -122,16 +122,17 @@ impl Workers {
     ///
     /// One row (a batch-1 decode) streams its weights once and does little
     /// arithmetic a byte: one contiguous run of columns a thread. Each
-    /// further run a thread starts costs a cold start (its first lines'
-    /// latency, the hardware prefetcher picking up a new stream, the
-    /// kernel's setup). On a 2-core Zen 3, one run against four, rounds
+    /// further run a thread starts seems to cost a cold start (its first
+    /// lines' latency, the hardware prefetcher picking up a new stream,
+    /// the kernel's setup). On a 2-core Zen 3, one run against four, rounds
     /// alternating in one process (`CHUNKS_AB=1` in the `steptime`
-    /// example): SmolLM2 Q8_0 1.11x, Q4_1 1.07x, Gemma 3 Q4_K_M 1.03x, the
-    /// F32 files 1.01x. Every thread takes chunks from one counter, so a
-    /// worker that wakes late takes none and the caller runs them all.
-    /// With more rows the arithmetic dominates, and four runs a thread
-    /// even out threads that run at different speeds (at 16 rows one run
-    /// a thread measured 6% slower, in separate runs).
+    /// example; two runs each): SmolLM2 Q8_0 1.11-1.13x, Q4_1 1.07x, the
+    /// F32 files 1.01-1.05x, Gemma 3 Q4_K_M 0.98-1.03x. Every thread takes
+    /// chunks from one counter, so a worker that wakes late takes none and
+    /// the caller runs them all. With more rows the arithmetic dominates,
+    /// and four runs a thread even out threads that run at different
+    /// speeds (at 16 rows one run a thread measured 6% slower, in separate
+    /// runs).
     pub(crate) fn chunks(&self, rows: usize, units: usize) -> usize {
         let per_thread = if rows == 1 {
             ONE_ROW_RUNS.load(Ordering::Relaxed).max(1)
