@@ -31,12 +31,13 @@
 //! `KV_AB=1` compares it side by side with the default (float32) as
 //! `HUGE_PAGES_AB` does: the second engine has the float16 cache.
 //!
-//! `CHUNKS_AB=1` compares, on one engine, one-row products cut into one
-//! contiguous run of columns a thread (the default) against four, round
-//! by round (`engine/src/workers.rs`, `Workers::chunks`).
+//! `CHUNKS_AB=1` compares, on one engine, round by round, one-row
+//! products whose threads take from the back of each other's regions
+//! once their own is done (the default) against each thread doing its
+//! own region alone (`engine/src/workers.rs`, `Workers::run_balanced`).
 use std::time::Instant;
 
-use gyre_engine::internals::{set_huge_pages, set_one_row_runs};
+use gyre_engine::internals::{set_balanced_stealing, set_huge_pages};
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
     Sampling,
@@ -96,7 +97,7 @@ fn main() {
     let (label_a, label_b) = if kv_ab {
         ("default KV", "f16 KV")
     } else if chunks_ab {
-        ("one run a thread", "four runs a thread")
+        ("taking from others' regions", "one region a thread")
     } else {
         ("huge pages", "small pages")
     };
@@ -121,7 +122,7 @@ fn main() {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
             None if chunks_ab => {
-                set_one_row_runs(if round % 2 == 1 { 4 } else { 1 });
+                set_balanced_stealing(round % 2 == 0);
                 let label = if round % 2 == 1 { label_b } else { label_a };
                 (&huge, format!(" ({label})"))
             }

@@ -7,7 +7,9 @@
 //! rayon pool as large as the thread count, with the caller blocked on it,
 //! put three threads on two cores; each product then cost a few context
 //! switches, which at batch 1 on a small model was as much time as the
-//! arithmetic.)
+//! arithmetic.) A one-row product instead gives each thread one contiguous
+//! region of its units, and a thread done with its own takes from the back
+//! of the others' ([`Workers::run_balanced`]).
 //!
 //! Between products a worker stays awake for a while (`SPIN`: spinning,
 //! then yielding its core) before it sleeps: a decode step runs a product
@@ -23,18 +25,65 @@ use std::time::{Duration, Instant};
 
 use crate::EngineError;
 
+/// Whether [`Workers::run_balanced`] takes units from the back of other
+/// threads' regions (the default) or leaves each region to its own thread.
+static STEAL: AtomicBool = AtomicBool::new(true);
+
+/// Sets, for the whole process, whether balanced runs take units from
+/// other threads' regions (the default): for comparisons (`steptime`'s
+/// `CHUNKS_AB`).
+pub fn set_balanced_stealing(on: bool) {
+    STEAL.store(on, Ordering::Relaxed);
+}
+
+/// A thread's region of a balanced run, `front .. end`, packed in one word
+/// (front in the low half) so that its owner taking from the front and
+/// another thread taking from the back never take the same unit; on a
+/// cache line of its own.
+#[repr(align(64))]
+struct Region(AtomicU64);
+
+impl Region {
+    fn new(front: usize, end: usize) -> Self {
+        Self(AtomicU64::new(front as u64 | (end as u64) << 32))
+    }
+
+    /// Takes the unit at the front, if any is left.
+    fn front(&self) -> Option<usize> {
+        self.take(|f, e| (f, f + 1, e))
+    }
+
+    /// Takes the unit at the back, if any is left.
+    fn back(&self) -> Option<usize> {
+        self.take(|f, e| (e - 1, f, e - 1))
+    }
+
+    /// `pick(front, end)` gives the unit taken and the new front and end,
+    /// called only when the region is not empty.
+    fn take(&self, pick: impl Fn(u64, u64) -> (u64, u64, u64)) -> Option<usize> {
+        let mut v = self.0.load(Ordering::Relaxed);
+        loop {
+            let (f, e) = (v & 0xffff_ffff, v >> 32);
+            if f >= e {
+                return None;
+            }
+            let (unit, f2, e2) = pick(f, e);
+            match self.0.compare_exchange_weak(
+                v,
+                f2 | e2 << 32,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(unit as usize),
+                Err(now) => v = now,
+            }
+        }
+    }
+}
+
 /// How long an idle worker waits awake before it sleeps: it spins for
 /// `HOT`, then yields its core to any other runnable thread (the server's
 /// own, at many streams) between checks until `SPIN`.
-/// Runs a thread takes in a one-row product (see [`Workers::chunks`]).
-static ONE_ROW_RUNS: AtomicUsize = AtomicUsize::new(1);
-
-/// Sets how many runs a thread takes in a one-row product, for the whole
-/// process (the default is 1): for comparisons (`steptime`'s `CHUNKS_AB`).
-pub fn set_one_row_runs(runs: usize) {
-    ONE_ROW_RUNS.store(runs.max(1), Ordering::Relaxed);
-}
-
 const SPIN: Duration = Duration::from_micros(300);
 const HOT: Duration = Duration::from_micros(30);
 
@@ -116,30 +165,66 @@ impl Workers {
         1 + self.threads.len()
     }
 
-    /// How many chunks a product of `rows` activation rows over `units`
-    /// independent column runs is cut into (at least one, at most
-    /// `units`).
+    /// How many chunks a product of several activation rows over `units`
+    /// independent column runs is cut into: four a thread, which even out
+    /// threads that run at different speeds (at least one, at most
+    /// `units`). One-row products take [`Workers::run_balanced`] instead.
+    pub(crate) fn chunks(&self, units: usize) -> usize {
+        (self.threads() * 4).clamp(1, units.max(1))
+    }
+
+    /// Runs `work(u)` for every unit `u` in `0..units`, each exactly once,
+    /// as [`Workers::run`] does, for a product that streams its weights
+    /// once (one row: a batch-1 decode step's): each thread takes one
+    /// contiguous region of the units and works through it from the
+    /// front; a thread whose region is done takes units one at a time from
+    /// the back of the others' until none is left, so the threads finish
+    /// together and a thread starts a second stream only to take over the
+    /// end of another's.
     ///
-    /// One row (a batch-1 decode) streams its weights once and does little
-    /// arithmetic a byte: one contiguous run of columns a thread. Each
-    /// further run a thread starts seems to cost a cold start (its first
-    /// lines' latency, the hardware prefetcher picking up a new stream,
-    /// the kernel's setup). On a 2-core Zen 3, one run against four, rounds
-    /// alternating in one process (`CHUNKS_AB=1` in the `steptime`
-    /// example; two runs each): SmolLM2 Q8_0 1.11-1.13x, Q4_1 1.07x, the
-    /// F32 files 1.01-1.05x, Gemma 3 Q4_K_M 0.98-1.03x. Every thread takes
-    /// chunks from one counter, so a worker that wakes late takes none and
-    /// the caller runs them all. With more rows the arithmetic dominates,
-    /// and four runs a thread even out threads that run at different
-    /// speeds (at 16 rows one run a thread measured 6% slower, in separate
-    /// runs).
-    pub(crate) fn chunks(&self, rows: usize, units: usize) -> usize {
-        let per_thread = if rows == 1 {
-            ONE_ROW_RUNS.load(Ordering::Relaxed).max(1)
-        } else {
-            4
-        };
-        (self.threads() * per_thread).clamp(1, units.max(1))
+    /// Each further run a thread starts seems to cost a cold start (its
+    /// first lines' latency, the hardware prefetcher picking up a new
+    /// stream). On a 2-core Zen 3, one chunk a thread against four, taken
+    /// from one counter, rounds alternating in one process: SmolLM2 Q8_0
+    /// 1.11-1.13x, Q4_1 1.07x, the F32 files 1.01-1.05x, Gemma 3 Q4_K_M
+    /// 0.98-1.03x. With one chunk a thread, the caller, which starts
+    /// first, then spent about a tenth of a SmolLM2 Q8_0 step waiting at
+    /// the ends of products; taking from the back of the others' regions
+    /// leaves it the wait for the others' last unit (about 2% of the step)
+    /// and measured 1.00-1.05x against each thread keeping to its own
+    /// region, two runs on five files, one of the ten 0.996x (`CHUNKS_AB=1`
+    /// in the `steptime` example compares the two).
+    pub(crate) fn run_balanced(&self, units: usize, work: impl Fn(usize) + Sync) {
+        let t = self.threads();
+        if t == 1 || units <= 1 {
+            (0..units).for_each(work);
+            return;
+        }
+        if u32::try_from(units).is_err() {
+            // More units than a region's word holds: plain chunks.
+            let chunks = self.chunks(units);
+            let per = units.div_ceil(chunks);
+            self.run(chunks, |c| {
+                (c * per..((c + 1) * per).min(units)).for_each(&work)
+            });
+            return;
+        }
+        let regions: Vec<Region> = (0..t)
+            .map(|r| Region::new(r * units / t, (r + 1) * units / t))
+            .collect();
+        let steal = STEAL.load(Ordering::Relaxed);
+        self.run(t, |r| {
+            while let Some(u) = regions[r].front() {
+                work(u);
+            }
+            if steal {
+                for o in (1..t).map(|i| (r + i) % t) {
+                    while let Some(u) = regions[o].back() {
+                        work(u);
+                    }
+                }
+            }
+        });
     }
 
     /// Runs `work(c)` for every `c` in `0..chunks`, each exactly once, on
@@ -268,6 +353,53 @@ mod tests {
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
+        }
+    }
+
+    /// A balanced run takes every unit exactly once, for any number of
+    /// threads and units.
+    #[test]
+    fn balanced_runs_take_each_unit_once() {
+        for threads in [1, 2, 3, 4] {
+            let w = Workers::new(threads).expect("workers");
+            for round in 0..300 {
+                let units = [0, 1, 2, 3, 7, 64, 1001][round % 7];
+                let hits: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+                w.run_balanced(units, |u| {
+                    hits[u].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    /// A thread whose own region is done takes units from another's: the
+    /// thread that owns the first region stops at its first unit until
+    /// some other unit of that region has run, which only another thread
+    /// can have done.
+    #[test]
+    fn balanced_runs_share_a_slow_region() {
+        for threads in [2, 3] {
+            let w = Workers::new(threads).expect("workers");
+            let units = 8 * threads;
+            let hits: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+            let stolen = AtomicBool::new(false);
+            w.run_balanced(units, |u| {
+                if u == 0 {
+                    let start = Instant::now();
+                    while !stolen.load(Ordering::Acquire) {
+                        assert!(
+                            start.elapsed() < Duration::from_secs(60),
+                            "no thread took a unit of the first region"
+                        );
+                        std::thread::yield_now();
+                    }
+                } else if u < 8 {
+                    stolen.store(true, Ordering::Release);
+                }
+                hits[u].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
     }
 

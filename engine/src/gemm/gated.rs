@@ -73,16 +73,11 @@ impl Packed {
         let width = if silu { inter } else { 2 * inter };
         crate::attn::f32_tensor_written(&[m as i64, width as i64], |out| {
             let pairs = inter.div_ceil(NR);
-            let chunks = workers.chunks(m, pairs);
-            let mut per = pairs.div_ceil(chunks);
-            if m == 1 {
-                // Whole groups of panels for the one-row kernel.
-                per = per.next_multiple_of(PANELS1 / 2);
-            }
             let out_ptr = SendPtr(out);
             let out_ptr = &out_ptr;
-            workers.run(chunks, |c| {
-                let (j0, j1) = (c * per, ((c + 1) * per).min(pairs));
+            // Pairs j0..j1 of every row (no other task writes their
+            // columns).
+            let pairs_into = |j0: usize, j1: usize| {
                 let mut j = j0;
                 while m == 1 && j + PANELS1 / 2 <= j1 {
                     let k = self.k;
@@ -112,7 +107,19 @@ impl Packed {
                         }
                     }
                 }
-            });
+            };
+            if m == 1 {
+                // One row: whole groups of panels for the one-row kernel,
+                // a contiguous region of them a thread.
+                let per = PANELS1 / 2;
+                workers.run_balanced(pairs.div_ceil(per), |u| {
+                    pairs_into(u * per, ((u + 1) * per).min(pairs));
+                });
+            } else {
+                let chunks = workers.chunks(pairs);
+                let per = pairs.div_ceil(chunks);
+                workers.run(chunks, |c| pairs_into(c * per, ((c + 1) * per).min(pairs)));
+            }
         })
     }
 

@@ -101,34 +101,40 @@ impl Packed {
         // their columns (all n of them between the chunks) for every row.
         crate::attn::f32_tensor_written(&[m as i64, self.n as i64], |out| {
             let panels = self.n.div_ceil(NR);
-            // Contiguous runs of panels (see `Workers::chunks`).
-            let chunks = workers.chunks(m, panels);
-            let mut per = panels.div_ceil(chunks);
-            if m == 1 {
-                // Whole groups of panels for the one-row kernel.
-                per = per.next_multiple_of(PANELS1);
-            }
             let out_ptr = SendPtr(out);
             let out_ptr = &out_ptr;
-            workers.run(chunks, |c| {
-                let (p0, p1) = (c * per, ((c + 1) * per).min(panels));
+            // Panels p0..p1 of every row (no other task writes their
+            // columns): with one row, whole groups of panels through the
+            // one-row kernel; the rest a panel at a time.
+            let panels_into = |p0: usize, p1: usize| {
                 let mut p = p0;
-                // One row (a batch-1 decode): several panels at once.
                 while m == 1 && p + PANELS1 <= p1 {
                     self.panels_one_row(xs, p, out_ptr.0);
                     p += PANELS1;
                 }
                 if p < p1 {
-                    // One tile per chunk: zeroing it per panel cost a step
+                    // One tile per task: zeroing it per panel cost a step
                     // of 16 rows a memset of 26 MB on SmolLM2. (Each
                     // block's first pass writes it before it is read.)
                     let mut tile = [0f32; SG * NR];
                     for p in p..p1 {
-                        // Each chunk writes only its own panels' columns.
                         self.panel(xs, m, p, out_ptr.0, &mut tile);
                     }
                 }
-            });
+            };
+            if m == 1 {
+                // One row (a batch-1 decode): a group of panels a unit, a
+                // contiguous region of them a thread.
+                workers.run_balanced(panels.div_ceil(PANELS1), |u| {
+                    panels_into(u * PANELS1, ((u + 1) * PANELS1).min(panels));
+                });
+            } else {
+                let chunks = workers.chunks(panels);
+                let per = panels.div_ceil(chunks);
+                workers.run(chunks, |c| {
+                    panels_into(c * per, ((c + 1) * per).min(panels));
+                });
+            }
         })
     }
 

@@ -98,7 +98,9 @@ impl QuantMatrix {
 
     /// Quantizes `x` as `kernel` reads it, cuts `groups` groups and the
     /// `m` rows into tasks ([`Self::chunking`]) and runs `task(rows,
-    /// (g0, g1), (r0, r1))` for each on `workers`.
+    /// (g0, g1), (r0, r1))` for each on `workers`. One row outside the
+    /// panel product: units of [`ONE_ROW_UNIT`] groups, a contiguous
+    /// region of them a thread ([`crate::gemm::Workers::run_balanced`]).
     #[allow(clippy::too_many_arguments)]
     fn split(
         &self,
@@ -111,6 +113,14 @@ impl QuantMatrix {
         task: impl Fn(&Rows, (usize, usize), (usize, usize)) + Sync,
     ) {
         let rows = self.prepare(x, m, acts, kernel, workers);
+        if m == 1 && !Self::panels(&rows, m, kernel) {
+            let rows = &rows;
+            workers.run_balanced(groups.div_ceil(ONE_ROW_UNIT), |u| {
+                let gs = (u * ONE_ROW_UNIT, ((u + 1) * ONE_ROW_UNIT).min(groups));
+                task(rows, gs, (0, 1));
+            });
+            return;
+        }
         let (chunks, per, parts, part) = Self::chunking(&rows, groups, m, kernel, workers);
         let rows = &rows;
         workers.run(chunks * parts, |c| {
@@ -219,8 +229,7 @@ impl QuantMatrix {
     /// rows. The panel product: panels of up to 6 groups, at least two a
     /// thread where there are enough groups; rows in parts of 64
     /// (prefill's many). The other kernels: chunks as
-    /// [`crate::gemm::Workers::chunks`] says (one a thread for one row),
-    /// each taking all the rows.
+    /// [`crate::gemm::Workers::chunks`] says, each taking all the rows.
     fn chunking(
         rows: &Rows,
         groups: usize,
@@ -241,7 +250,7 @@ impl QuantMatrix {
             );
         }
         let _ = (rows, kernel);
-        let per = groups.div_ceil(workers.chunks(m, groups)).max(1);
+        let per = groups.div_ceil(workers.chunks(groups)).max(1);
         (groups.div_ceil(per), per, 1, m.max(1))
     }
 
@@ -323,6 +332,10 @@ impl QuantMatrix {
         }
     }
 }
+
+/// Groups a unit of a one-row product takes (64 columns: SmolLM2's rows
+/// of 576 Q8_0 values make it 38 KiB of weights).
+const ONE_ROW_UNIT: usize = 4;
 
 /// The output buffer, shared by the tasks that write disjoint ranges of it.
 struct SendPtr(*mut f32);
