@@ -169,8 +169,38 @@ impl Workers {
     /// independent column runs is cut into: four a thread, which even out
     /// threads that run at different speeds (at least one, at most
     /// `units`). One-row products take [`Workers::run_balanced`] instead.
-    pub(crate) fn chunks(&self, units: usize) -> usize {
+    fn chunks(&self, units: usize) -> usize {
         (self.threads() * 4).clamp(1, units.max(1))
+    }
+
+    /// Runs `work(lo, hi)` for ranges that cover `0..units` once between
+    /// them, for a product of `rows` activation rows: with one row, units
+    /// of `one_row_unit` through [`Workers::run_balanced`]; with more,
+    /// [`Workers::chunks`] contiguous ranges through [`Workers::run`].
+    pub(crate) fn run_ranges(
+        &self,
+        rows: usize,
+        units: usize,
+        one_row_unit: usize,
+        work: impl Fn(usize, usize) + Sync,
+    ) {
+        if rows == 1 {
+            let per = one_row_unit.max(1);
+            self.run_balanced(units.div_ceil(per), |u| {
+                work(u * per, ((u + 1) * per).min(units));
+            });
+        } else {
+            self.run_chunked(units, work);
+        }
+    }
+
+    /// Runs `work(lo, hi)` for [`Workers::chunks`] contiguous ranges that
+    /// cover `0..units` once between them, through [`Workers::run`].
+    fn run_chunked(&self, units: usize, work: impl Fn(usize, usize) + Sync) {
+        let per = units.div_ceil(self.chunks(units)).max(1);
+        self.run(units.div_ceil(per), |c| {
+            work(c * per, ((c + 1) * per).min(units));
+        });
     }
 
     /// Runs `work(u)` for every unit `u` in `0..units`, each exactly once,
@@ -202,11 +232,7 @@ impl Workers {
         }
         if u32::try_from(units).is_err() {
             // More units than a region's word holds: plain chunks.
-            let chunks = self.chunks(units);
-            let per = units.div_ceil(chunks);
-            self.run(chunks, |c| {
-                (c * per..((c + 1) * per).min(units)).for_each(&work)
-            });
+            self.run_chunked(units, |lo, hi| (lo..hi).for_each(&work));
             return;
         }
         let regions: Vec<Region> = (0..t)

@@ -108,18 +108,8 @@ impl Packed {
                     }
                 }
             };
-            if m == 1 {
-                // One row: whole groups of panels for the one-row kernel,
-                // a contiguous region of them a thread.
-                let per = PANELS1 / 2;
-                workers.run_balanced(pairs.div_ceil(per), |u| {
-                    pairs_into(u * per, ((u + 1) * per).min(pairs));
-                });
-            } else {
-                let chunks = workers.chunks(pairs);
-                let per = pairs.div_ceil(chunks);
-                workers.run(chunks, |c| pairs_into(c * per, ((c + 1) * per).min(pairs)));
-            }
+            // One row: whole groups of panels for the one-row kernel.
+            workers.run_ranges(m, pairs, PANELS1 / 2, pairs_into);
         })
     }
 

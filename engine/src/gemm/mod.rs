@@ -122,19 +122,8 @@ impl Packed {
                     }
                 }
             };
-            if m == 1 {
-                // One row (a batch-1 decode): a group of panels a unit, a
-                // contiguous region of them a thread.
-                workers.run_balanced(panels.div_ceil(PANELS1), |u| {
-                    panels_into(u * PANELS1, ((u + 1) * PANELS1).min(panels));
-                });
-            } else {
-                let chunks = workers.chunks(panels);
-                let per = panels.div_ceil(chunks);
-                workers.run(chunks, |c| {
-                    panels_into(c * per, ((c + 1) * per).min(panels));
-                });
-            }
+            // One row (a batch-1 decode): a group of panels a unit.
+            workers.run_ranges(m, panels, PANELS1, panels_into);
         })
     }
 

@@ -1,6 +1,6 @@
 //! The quantized products' orchestration: a step's activations quantized
 //! as the kernel reads them (`prepare`), the product cut into tasks of
-//! groups and rows over the workers (`chunking`, `split`), each task's
+//! groups and rows over the workers (`split`), each task's
 //! columns through the panel product or group by group (`columns`,
 //! `group`, `tile`), and the SwiGLU product whose tasks also apply the
 //! SiLU (`forward_silu`). The kernels themselves are in `avx2.rs`,
@@ -97,10 +97,12 @@ impl QuantMatrix {
     }
 
     /// Quantizes `x` as `kernel` reads it, cuts `groups` groups and the
-    /// `m` rows into tasks ([`Self::chunking`]) and runs `task(rows,
-    /// (g0, g1), (r0, r1))` for each on `workers`. One row outside the
-    /// panel product: units of [`ONE_ROW_UNIT`] groups, a contiguous
-    /// region of them a thread ([`crate::gemm::Workers::run_balanced`]).
+    /// `m` rows into tasks and runs `task(rows, (g0, g1), (r0, r1))` for
+    /// each on `workers`. The panel product: panels of up to 6 groups, at
+    /// least two a thread where there are enough groups, times rows in
+    /// parts of 64 (prefill's many). The other kernels: group ranges as
+    /// [`crate::gemm::Workers::run_ranges`] cuts them (one row: units of
+    /// [`ONE_ROW_UNIT`] groups), each taking all the rows.
     #[allow(clippy::too_many_arguments)]
     fn split(
         &self,
@@ -113,21 +115,23 @@ impl QuantMatrix {
         task: impl Fn(&Rows, (usize, usize), (usize, usize)) + Sync,
     ) {
         let rows = self.prepare(x, m, acts, kernel, workers);
-        if m == 1 && !Self::panels(&rows, m, kernel) {
-            let rows = &rows;
-            workers.run_balanced(groups.div_ceil(ONE_ROW_UNIT), |u| {
-                let gs = (u * ONE_ROW_UNIT, ((u + 1) * ONE_ROW_UNIT).min(groups));
-                task(rows, gs, (0, 1));
+        let rows = &rows;
+        #[cfg(target_arch = "x86_64")]
+        if Self::panels(rows, m, kernel) {
+            let per = groups
+                .div_ceil(workers.threads() * 2)
+                .clamp(1, panel::GROUPS);
+            let parts = m.div_ceil(PANEL_PART);
+            workers.run(groups.div_ceil(per) * parts, |c| {
+                let (c, rp) = (c / parts, c % parts);
+                let gs = (c * per, ((c + 1) * per).min(groups));
+                let rs = (rp * PANEL_PART, ((rp + 1) * PANEL_PART).min(m));
+                task(rows, gs, rs);
             });
             return;
         }
-        let (chunks, per, parts, part) = Self::chunking(&rows, groups, m, kernel, workers);
-        let rows = &rows;
-        workers.run(chunks * parts, |c| {
-            let (c, rp) = (c / parts, c % parts);
-            let gs = (c * per, ((c + 1) * per).min(groups));
-            let rs = (rp * part, ((rp + 1) * part).min(m));
-            task(rows, gs, rs);
+        workers.run_ranges(m, groups, ONE_ROW_UNIT, |g0, g1| {
+            task(rows, (g0, g1), (0, m));
         });
     }
 
@@ -222,36 +226,6 @@ impl QuantMatrix {
             && kernel == Kernel::Avx2
             && m >= panel_min()
             && matches!(rows, Rows::Int8(q) if !q.wide.is_empty())
-    }
-
-    /// How a product of `groups` groups is cut into tasks: `(chunks, per,
-    /// parts, part)`, chunks of `per` groups each, times parts of `part`
-    /// rows. The panel product: panels of up to 6 groups, at least two a
-    /// thread where there are enough groups; rows in parts of 64
-    /// (prefill's many). The other kernels: chunks as
-    /// [`crate::gemm::Workers::chunks`] says, each taking all the rows.
-    fn chunking(
-        rows: &Rows,
-        groups: usize,
-        m: usize,
-        kernel: Kernel,
-        workers: &crate::gemm::Workers,
-    ) -> (usize, usize, usize, usize) {
-        #[cfg(target_arch = "x86_64")]
-        if Self::panels(rows, m, kernel) {
-            let per = groups
-                .div_ceil(workers.threads() * 2)
-                .clamp(1, panel::GROUPS);
-            return (
-                groups.div_ceil(per),
-                per,
-                m.div_ceil(PANEL_PART),
-                PANEL_PART,
-            );
-        }
-        let _ = (rows, kernel);
-        let per = groups.div_ceil(workers.chunks(groups)).max(1);
-        (groups.div_ceil(per), per, 1, m.max(1))
     }
 
     /// Groups `g0 .. g1` of rows `r0 .. r1` into `out` (m rows of n
