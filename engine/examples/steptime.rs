@@ -35,9 +35,12 @@
 //! products whose threads take from the back of each other's regions
 //! once their own is done (the default) against each thread doing its
 //! own region alone (`engine/src/workers.rs`, `Workers::run_balanced`).
+//! `PREFETCH_AB=1` compares the same way idle workers prefetching the next
+//! one-row product's weights (the default) against not doing so
+//! (`Workers::run_ranges`).
 use std::time::Instant;
 
-use gyre_engine::internals::{set_balanced_stealing, set_huge_pages};
+use gyre_engine::internals::{set_balanced_stealing, set_gap_prefetch, set_huge_pages};
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
     Sampling,
@@ -94,10 +97,13 @@ fn main() {
             })
     };
     let chunks_ab = std::env::var("CHUNKS_AB").is_ok_and(|v| v == "1");
+    let prefetch_ab = std::env::var("PREFETCH_AB").is_ok_and(|v| v == "1");
     let (label_a, label_b) = if kv_ab {
         ("default KV", "f16 KV")
     } else if chunks_ab {
         ("taking from others' regions", "one region a thread")
+    } else if prefetch_ab {
+        ("prefetching between products", "no prefetch")
     } else {
         ("huge pages", "small pages")
     };
@@ -121,8 +127,12 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
-            None if chunks_ab => {
-                set_balanced_stealing(round % 2 == 0);
+            None if chunks_ab || prefetch_ab => {
+                if chunks_ab {
+                    set_balanced_stealing(round % 2 == 0);
+                } else {
+                    set_gap_prefetch(round % 2 == 0);
+                }
                 let label = if round % 2 == 1 { label_b } else { label_a };
                 (&huge, format!(" ({label})"))
             }
@@ -183,7 +193,7 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some() || chunks_ab {
+    if small.is_some() || chunks_ab || prefetch_ab {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(

@@ -5,7 +5,8 @@
 use tch::Tensor;
 
 use super::{
-    NR, PANELS1, Packed, SG, SendPtr, Workers, input_rows, kernel_one_row, pack, weight_rows,
+    NR, PANELS1, Packed, SG, SendPtr, Stream, Workers, input_rows, kernel_one_row, pack,
+    weight_rows,
 };
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
@@ -37,7 +38,7 @@ impl Packed {
         Ok(Self {
             n,
             k,
-            data,
+            data: std::sync::Arc::new(data),
             gated: Some(inter),
         })
     }
@@ -109,7 +110,8 @@ impl Packed {
                 }
             };
             // One row: whole groups of panels for the one-row kernel.
-            workers.run_ranges(m, pairs, PANELS1 / 2, pairs_into);
+            let weights = Stream::of(&self.data, 2 * self.k * NR);
+            workers.run_ranges(m, pairs, PANELS1 / 2, weights, pairs_into);
         })
     }
 

@@ -30,10 +30,12 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
+use std::sync::Arc;
+
 use crate::pages::Pages;
 use crate::simd::{Simd, simd};
 
-pub(crate) use crate::workers::Workers;
+pub(crate) use crate::workers::{Stream, Workers};
 
 mod gated;
 pub(crate) use gated::silu_into;
@@ -63,7 +65,8 @@ pub(crate) fn available() -> bool {
 pub(crate) struct Packed {
     n: usize,
     k: usize,
-    data: Pages<f32>,
+    /// Shared with the workers' prefetch of it ([`Stream`]).
+    data: Arc<Pages<f32>>,
     /// A stacked gate/up weight packed for [`Packed::forward_silu`]: the
     /// intermediate width, and panels alternating gate and up (see
     /// [`Packed::gated`]).
@@ -80,7 +83,7 @@ impl Packed {
         Ok(Self {
             n,
             k,
-            data,
+            data: Arc::new(data),
             gated: None,
         })
     }
@@ -123,7 +126,8 @@ impl Packed {
                 }
             };
             // One row (a batch-1 decode): a group of panels a unit.
-            workers.run_ranges(m, panels, PANELS1, panels_into);
+            let weights = Stream::of(&self.data, self.k * NR);
+            workers.run_ranges(m, panels, PANELS1, weights, panels_into);
         })
     }
 

@@ -287,7 +287,8 @@ pub(crate) struct QuantMatrix {
     fmt: Format,
     n: usize,
     k: usize,
-    data: Pages<u8>,
+    /// Shared with the workers' prefetch of it.
+    data: std::sync::Arc<Pages<u8>>,
 }
 
 impl QuantMatrix {
@@ -326,7 +327,12 @@ impl QuantMatrix {
                 }
             }
         }
-        Self { fmt, n, k, data }
+        Self {
+            fmt,
+            n,
+            k,
+            data: std::sync::Arc::new(data),
+        }
     }
 
     #[cfg(test)]

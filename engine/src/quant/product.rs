@@ -91,12 +91,27 @@ impl QuantMatrix {
         let out_ptr = SendPtr(out);
         let out_ptr = &out_ptr;
         let groups = self.n.div_ceil(NG);
-        self.split(x, m, acts, kernel, workers, groups, |rows, gs, rs| {
-            self.columns(rows, m, kernel, gs, rs, out_ptr.0);
-        });
+        let weights = self.stream();
+        self.split(
+            x,
+            m,
+            acts,
+            kernel,
+            workers,
+            (groups, weights),
+            |rows, gs, rs| {
+                self.columns(rows, m, kernel, gs, rs, out_ptr.0);
+            },
+        );
     }
 
-    /// Quantizes `x` as `kernel` reads it, cuts `groups` groups and the
+    /// Where each column group's blocks lie, for the workers' prefetch.
+    fn stream(&self) -> crate::workers::Stream {
+        crate::workers::Stream::of(&self.data, self.blocks() * self.fmt.stride())
+    }
+
+    /// Quantizes `x` as `kernel` reads it, cuts `groups` groups (whose
+    /// blocks lie as `weights` says) and the
     /// `m` rows into tasks and runs `task(rows, (g0, g1), (r0, r1))` for
     /// each on `workers`. The panel product: panels of up to 6 groups, at
     /// least two a thread where there are enough groups, times rows in
@@ -111,7 +126,7 @@ impl QuantMatrix {
         acts: Activations,
         kernel: Kernel,
         workers: &crate::gemm::Workers,
-        groups: usize,
+        (groups, weights): (usize, crate::workers::Stream),
         task: impl Fn(&Rows, (usize, usize), (usize, usize)) + Sync,
     ) {
         let rows = self.prepare(x, m, acts, kernel, workers);
@@ -130,7 +145,7 @@ impl QuantMatrix {
             });
             return;
         }
-        workers.run_ranges(m, groups, ONE_ROW_UNIT, |g0, g1| {
+        workers.run_ranges(m, groups, ONE_ROW_UNIT, weights, |g0, g1| {
             task(rows, (g0, g1), (0, m));
         });
     }
@@ -160,7 +175,7 @@ impl QuantMatrix {
             acts,
             kernel,
             workers,
-            half,
+            (half, self.stream().and_at(half)),
             |rows, (g0, g1), (r0, r1)| {
                 self.columns(rows, m, kernel, (g0, g1), (r0, r1), gu_ptr.0);
                 self.columns(rows, m, kernel, (g0 + half, g1 + half), (r0, r1), gu_ptr.0);
