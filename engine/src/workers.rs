@@ -152,9 +152,9 @@ impl Drop for Joined<'_> {
     }
 }
 
-impl Workers {
-    pub(crate) fn new(threads: usize) -> Result<Self, EngineError> {
-        let shared = Arc::new(Shared {
+impl Shared {
+    fn new(threads: usize) -> Self {
+        Self {
             generation: AtomicU64::new(0),
             job: AtomicPtr::new(std::ptr::null_mut()),
             busy: AtomicUsize::new(0),
@@ -166,7 +166,13 @@ impl Workers {
             threads: threads.max(1),
             hint: Mutex::new(None),
             hint_seq: AtomicU64::new(0),
-        });
+        }
+    }
+}
+
+impl Workers {
+    pub(crate) fn new(threads: usize) -> Result<Self, EngineError> {
+        let shared = Arc::new(Shared::new(threads));
         let mut handles = Vec::new();
         for i in 1..threads.max(1) {
             let s = Arc::clone(&shared);

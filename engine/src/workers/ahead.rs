@@ -196,9 +196,6 @@ pub(super) unsafe fn touch(at: usize, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize};
-    use std::sync::{Condvar, Mutex};
-
     use super::*;
     use crate::workers::Workers;
 
@@ -247,19 +244,7 @@ mod tests {
     /// its budget or the region's end.
     #[test]
     fn prefetch_walks_the_front_of_its_region() {
-        let s = Shared {
-            generation: AtomicU64::new(0),
-            job: AtomicPtr::new(std::ptr::null_mut()),
-            busy: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
-            shutdown: AtomicBool::new(false),
-            lock: Mutex::new(()),
-            wake: Condvar::new(),
-            threads: 2,
-            hint: Mutex::new(None),
-            hint_seq: AtomicU64::new(0),
-        };
+        let s = Shared::new(2);
         let mut pf = Prefetch::default();
         for (units, bytes) in [(64, 1000), (64, 100_000), (8, 3000)] {
             let st = Stream {
