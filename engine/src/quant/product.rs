@@ -98,8 +98,7 @@ impl QuantMatrix {
             acts,
             kernel,
             workers,
-            groups,
-            weights,
+            (groups, weights),
             |rows, gs, rs| {
                 self.columns(rows, m, kernel, gs, rs, out_ptr.0);
             },
@@ -127,8 +126,7 @@ impl QuantMatrix {
         acts: Activations,
         kernel: Kernel,
         workers: &crate::gemm::Workers,
-        groups: usize,
-        weights: crate::workers::Stream,
+        (groups, weights): (usize, crate::workers::Stream),
         task: impl Fn(&Rows, (usize, usize), (usize, usize)) + Sync,
     ) {
         let rows = self.prepare(x, m, acts, kernel, workers);
@@ -177,8 +175,7 @@ impl QuantMatrix {
             acts,
             kernel,
             workers,
-            half,
-            self.stream().and_at(half),
+            (half, self.stream().and_at(half)),
             |rows, (g0, g1), (r0, r1)| {
                 self.columns(rows, m, kernel, (g0, g1), (r0, r1), gu_ptr.0);
                 self.columns(rows, m, kernel, (g0 + half, g1 + half), (r0, r1), gu_ptr.0);
