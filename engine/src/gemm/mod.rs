@@ -27,11 +27,11 @@
 //! rows by 16 columns (half a panel; 12 accumulators) and a one-row product
 //! takes its panels two at a time.
 
+use std::sync::Arc;
+
 use tch::{Device, Kind, Tensor};
 
 use crate::EngineError;
-use std::sync::Arc;
-
 use crate::pages::Pages;
 use crate::simd::{Simd, simd};
 

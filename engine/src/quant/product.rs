@@ -98,7 +98,8 @@ impl QuantMatrix {
             acts,
             kernel,
             workers,
-            (groups, weights),
+            groups,
+            weights,
             |rows, gs, rs| {
                 self.columns(rows, m, kernel, gs, rs, out_ptr.0);
             },
@@ -126,7 +127,8 @@ impl QuantMatrix {
         acts: Activations,
         kernel: Kernel,
         workers: &crate::gemm::Workers,
-        (groups, weights): (usize, crate::workers::Stream),
+        groups: usize,
+        weights: crate::workers::Stream,
         task: impl Fn(&Rows, (usize, usize), (usize, usize)) + Sync,
     ) {
         let rows = self.prepare(x, m, acts, kernel, workers);
@@ -175,7 +177,8 @@ impl QuantMatrix {
             acts,
             kernel,
             workers,
-            (half, self.stream().and_at(half)),
+            half,
+            self.stream().and_at(half),
             |rows, (g0, g1), (r0, r1)| {
                 self.columns(rows, m, kernel, (g0, g1), (r0, r1), gu_ptr.0);
                 self.columns(rows, m, kernel, (g0 + half, g1 + half), (r0, r1), gu_ptr.0);
