@@ -84,7 +84,7 @@ impl Stream {
     }
 }
 
-/// A one-row product as [`Workers::run_ranges`] runs it: its weights,
+/// A one-row product as [`super::Workers::run_ranges`] runs it: its weights,
 /// column units, and units of them a balanced unit.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Planned {
@@ -95,7 +95,7 @@ pub(super) struct Planned {
 
 impl Planned {
     /// The column units of thread `r`'s region (of `t`), as
-    /// [`Workers::run_balanced`] cuts them.
+    /// [`super::Workers::run_balanced`] cuts them.
     fn region(&self, r: usize, t: usize) -> (usize, usize) {
         let b = self.units.div_ceil(self.per.max(1));
         let unit = |i: usize| (i * b / t * self.per).min(self.units);
