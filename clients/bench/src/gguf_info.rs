@@ -124,6 +124,16 @@ impl GgufInfo {
             .sum()
     }
 
+    /// Parameters of the output head (`output.weight`, or the embedding
+    /// when the file ties them): the part of a token's matrices a prompt
+    /// position other than the last does not need.
+    pub fn head_params(&self) -> u64 {
+        ["output.weight", "token_embd.weight"]
+            .iter()
+            .find_map(|name| self.tensors.iter().find(|t| t.name == *name))
+            .map_or(0, Tensor::elements)
+    }
+
     /// The vocabulary size: `token_embd.weight`'s second dimension.
     pub fn vocab_size(&self) -> Option<u64> {
         let t = self
@@ -361,6 +371,7 @@ mod tests {
         // Tied: the embedding table is the output projection, read whole.
         assert_eq!(info.bytes_per_token(), 4000 + 256 + 2560);
         assert_eq!(info.params_per_token(), 6400 + 4096);
+        assert_eq!(info.head_params(), 6400);
     }
 
     #[test]
@@ -376,6 +387,7 @@ mod tests {
         let info = info(&file);
         assert_eq!(info.bytes_per_token(), 320 + 32);
         assert_eq!(info.params_per_token(), 80);
+        assert_eq!(info.head_params(), 80);
         assert_eq!(info.main_type(), "F32");
     }
 
