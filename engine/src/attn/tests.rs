@@ -34,6 +34,19 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// The exponent bits `exp` forms from n: 2^n for every n it can meet.
+#[test]
+fn exp_scales_by_powers_of_two() {
+    for n in -126..=0i32 {
+        let bits = (n as f32 + (12_582_912.0 + 127.0)).to_bits() << 23;
+        assert_eq!(f32::from_bits(bits), 2f32.powi(n), "n = {n}");
+    }
+    // The clamp keeps n inside that range.
+    assert_eq!((-87.0f32 * std::f32::consts::LOG2_E).round(), -126.0);
+    assert!(exp(-1e9) > 0.0 && exp(f32::NEG_INFINITY) > 0.0);
+    assert_eq!(exp(0.0), 1.0);
+}
+
 /// The softmax exponential against the standard library's.
 #[test]
 fn exp_is_accurate() {
