@@ -499,13 +499,18 @@ fn softmax_rows(scores: &mut [f32], t: usize, softcap: Option<f32>) {
     }
 }
 
+/// 2^n for a whole n in -126..=127, through the exponent bits: adding
+/// 1.5 x 2^23 + 127 to n leaves n + 127 in the float's low bits. (`n as
+/// i32`, a saturating conversion, compiled to eight scalar conversions,
+/// each with its range checks, per vector.)
+#[inline(always)]
+pub(crate) fn pow2(n: f32) -> f32 {
+    f32::from_bits((n + (12_582_912.0 + 127.0)).to_bits() << 23)
+}
+
 /// e^x for x <= 0 (softmax after subtracting the max), to about one ulp:
 /// x = n ln2 + r with |r| <= ln2 / 2, e^r by its degree-7 Taylor polynomial,
-/// scaled by 2^n through the exponent bits. Branch-free, so it vectorises.
-/// The exponent's bits come from adding 1.5 x 2^23 + 127 to n, which
-/// leaves n + 127 in the float's low bits (n is whole and in -126..=0):
-/// `n as i32`, a saturating conversion, compiled to eight scalar
-/// conversions, each with its range checks, per vector.
+/// scaled by [`pow2`]`(n)`. Branch-free, so it vectorises.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
@@ -521,7 +526,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    p * f32::from_bits((n + (12_582_912.0 + 127.0)).to_bits() << 23)
+    p * pow2(n)
 }
 
 /// Dot product with eight independent accumulators (vectorises).

@@ -112,14 +112,10 @@ pub(super) fn model_rows(
                 );
             }
         } else if let Some(peak) = &ceilings.matmul {
+            let of_peak =
+                |f: f64| format!("{:.1} GFLOP/s, {:.0}%", f / 1e9, 100.0 * f / peak.flops);
             let flops = |level: &Level| 2.0 * info.params_per_token() as f64 * level.tok_per_s;
-            let show = |level: &Level| {
-                format!(
-                    "{:.1} GFLOP/s, {:.0}%",
-                    flops(level) / 1e9,
-                    100.0 * flops(level) / peak.flops
-                )
-            };
+            let show = |level: &Level| of_peak(flops(level));
             rows.push(
                 Row::new(
                     "L1",
@@ -134,13 +130,7 @@ pub(super) fn model_rows(
             );
             // The prompts' arithmetic too, over the same wall time.
             let rate = |level: &Level| work.flops_per_output_token * level.tok_per_s;
-            let show = |level: &Level| {
-                format!(
-                    "{:.1} GFLOP/s, {:.0}%",
-                    rate(level) / 1e9,
-                    100.0 * rate(level) / peak.flops
-                )
-            };
+            let show = |level: &Level| of_peak(rate(level));
             let needs = target(n).map_or_else(String::new, |t| {
                 format!("; {t:.1}x needs {:.0}%", 100.0 * t * rate(l) / peak.flops)
             });
