@@ -21,7 +21,7 @@ CARGO      := cargo
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench llamacpp prometheus chromium
+.PHONY: help setup venv compat aiperf node models clients clients-ts build examples serve test test-rust test-e2e test-fuzz lint bench llamacpp llamacpp-tools prometheus chromium
 
 help:
 	@echo "make serve   # set up, build, and serve the demo model (HTTP :8000, gRPC :50051)"
@@ -174,21 +174,25 @@ test: setup build test-rust test-e2e test-fuzz
 # llama-quantize, and the 64 M bench model converted to an F32 GGUF by the
 # same sources' convert_hf_to_gguf.py (its tokenizer first padded to the
 # embedding's rows, which llama.cpp requires: clients/bench/pad_vocab.py).
+# llamacpp-tools runs the build script every time: it returns at once when
+# its stamp names this CPU, and rebuilds for another one (the cache may have
+# been built on a different machine); the GGUF files only need the tools to
+# exist, so a rebuild does not convert them again.
 LLAMACPP_VERSION := 0.3.36
 LLAMACPP   := $(GYRE_CACHE)/llama.cpp/$(LLAMACPP_VERSION)
 L1_MODELS  := .gyre/llamacpp
 SMOLLM2    := $(MODELS)/smollm2-135m-instruct.gguf
-llamacpp: $(L1_MODELS)/smollm2-135m-instruct-f32.gguf $(L1_MODELS)/smollm2-135m-instruct-q8_0.gguf $(L1_MODELS)/llama-64m-f32.gguf
-$(LLAMACPP)/.built: clients/bench/build_llamacpp.sh | $(VENV)/.installed
+llamacpp: llamacpp-tools $(L1_MODELS)/smollm2-135m-instruct-f32.gguf $(L1_MODELS)/smollm2-135m-instruct-q8_0.gguf $(L1_MODELS)/llama-64m-f32.gguf
+llamacpp-tools: | $(VENV)/.installed
 	clients/bench/build_llamacpp.sh $(PY) $(LLAMACPP_VERSION) $(LLAMACPP)
-$(L1_MODELS)/smollm2-135m-instruct-%.gguf: $(LLAMACPP)/.built
+$(L1_MODELS)/smollm2-135m-instruct-%.gguf: | llamacpp-tools
 	@test -e $(SMOLLM2) || $(MAKE) models
 	@mkdir -p $(@D)
 	$(LLAMACPP)/bin/llama-quantize --allow-requantize $(SMOLLM2) $@.tmp $$(echo $* | tr a-z A-Z)
 	@mv $@.tmp $@
 .gyre/bench/llama-64m/STAMP: clients/bench/make_bench_model.py | $(VENV)/.installed
 	$(PY) clients/bench/make_bench_model.py --out .gyre/bench/llama-64m --preset bench
-$(L1_MODELS)/llama-64m-f32.gguf: $(LLAMACPP)/.built .gyre/bench/llama-64m/STAMP clients/bench/pad_vocab.py
+$(L1_MODELS)/llama-64m-f32.gguf: .gyre/bench/llama-64m/STAMP clients/bench/pad_vocab.py | llamacpp-tools
 	$(PY) clients/bench/pad_vocab.py .gyre/bench/llama-64m $(L1_MODELS)/llama-64m-padded
 	PYTHONPATH=$(LLAMACPP)/src/gguf-py $(PY) $(LLAMACPP)/src/convert_hf_to_gguf.py \
 	  $(L1_MODELS)/llama-64m-padded --outtype f32 --outfile $@.tmp

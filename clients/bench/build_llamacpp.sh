@@ -12,9 +12,13 @@
 # installed into PYTHON's environment with pip. The build is CPU only, tuned
 # for this machine (GGML_NATIVE), without HTTPS, the web UI or tests, on two
 # jobs. DEST gets src/ (the unpacked sources, kept for convert_hf_to_gguf.py
-# and its gguf-py), build/, bin/ with the four tools, and a .built stamp: a
-# re-run with the stamp and every tool present exits at once (a build of an
-# older version of this script gains the tools it lacks). The converter
+# and its gguf-py), build/, bin/ with the four tools, and a .built stamp
+# naming the CPU it was built for (model name and a hash of its feature
+# flags): a re-run with every tool present and the stamp naming this CPU
+# exits at once, one on another CPU (a cache directory shared by machines, or
+# carried to a new one) rebuilds from a clean build/, so that llama.cpp always
+# runs with this machine's flags (a build of an older version of this script
+# gains the tools it lacks). The converter
 # imports sentencepiece, which gyre's environment lacks: it is installed into
 # PYTHON's environment here.
 set -euo pipefail
@@ -29,8 +33,17 @@ DEST=${3:?$usage}
 TOOLS="llama-server llama-quantize llama-perplexity llama-tokenize"
 have_all=1
 for t in $TOOLS; do [ -x "$DEST/bin/$t" ] || have_all=0; done
-if [ -f "$DEST/.built" ] && [ $have_all = 1 ]; then
+cpu="$(uname -m)"
+if [ -r /proc/cpuinfo ]; then
+  cpu="$cpu $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  cpu="$cpu flags:$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2- | tr ' ' '\n' | sort | tr -d '\n' | cksum | cut -d' ' -f1)"
+fi
+if [ -f "$DEST/.built" ] && [ $have_all = 1 ] && [ "$(cat "$DEST/.built")" = "$cpu" ]; then
   exit 0
+fi
+if [ -f "$DEST/.built" ] && [ "$(cat "$DEST/.built")" != "$cpu" ]; then
+  echo "build_llamacpp.sh: built for '$(cat "$DEST/.built")', this CPU is '$cpu': rebuilding" >&2
+  rm -rf "$DEST/build" "$DEST/bin" "$DEST/.built"
 fi
 mkdir -p "$DEST/download"
 sdist="$DEST/download/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
@@ -62,4 +75,4 @@ mkdir -p "$DEST/bin"
 for t in $TOOLS; do cp "$DEST/build/bin/$t" "$DEST/bin/"; done
 "$PY" -c 'import sentencepiece' 2>/dev/null ||
   "$PY" -m pip install -q --disable-pip-version-check "sentencepiece==$SENTENCEPIECE_VERSION"
-touch "$DEST/.built"
+printf '%s\n' "$cpu" > "$DEST/.built"
