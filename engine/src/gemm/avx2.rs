@@ -262,22 +262,28 @@ fmas!(
     [b0, b1, b2, b3, b4, b5]
 );
 
-/// One row over `PANELS1` panels, block by block of k; within a block
-/// the panels two at a time (8 accumulators), each element's sum in the
-/// order of [`half`].
+/// One row over `panels` panels (even, at most `PANELS1`), block by block
+/// of k; within a block the panels two at a time (8 accumulators), each
+/// element's sum in the order of [`half`].
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `x` holds k floats and `w` PANELS1 * k *
-/// NR.
+/// The CPU has AVX2 and FMA; `x` holds k floats and `w` panels * k * NR.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
+pub(super) unsafe fn one_row(
+    x: &[f32],
+    k: usize,
+    w: &[f32],
+    panels: usize,
+    tile: &mut [f32; PANELS1 * NR],
+) {
+    assert!(panels <= PANELS1 && panels.is_multiple_of(2));
     let wp = w.as_ptr();
     let xp = x.as_ptr();
     let tp = tile.as_mut_ptr();
     let mut k0 = 0;
     while k0 < k {
         let k1 = k.min(k0 + KC);
-        for pair in 0..PANELS1 / 2 {
+        for pair in 0..panels / 2 {
             let mut a = [_mm256_setzero_ps(); 8];
             for kk in k0..k1 {
                 // SAFETY (for the whole loop): kk < k, so each panel's

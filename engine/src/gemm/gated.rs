@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::{
-    NR, PANELS1, Packed, SG, SendPtr, Stream, Workers, input_rows, kernel_one_row, pack,
-    weight_rows,
+    NR, PANELS1, Packed, SG, SendPtr, Stream, Workers, input_rows, kernel_one_row, one_row_panels,
+    pack, weight_rows,
 };
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
@@ -80,16 +80,17 @@ impl Packed {
             // columns).
             let pairs_into = |j0: usize, j1: usize| {
                 let mut j = j0;
-                while m == 1 && j + PANELS1 / 2 <= j1 {
+                let unit = one_row_panels();
+                while m == 1 && j + unit / 2 <= j1 {
                     let k = self.k;
-                    let w = &self.data[2 * j * k * NR..(2 * j + PANELS1) * k * NR];
+                    let w = &self.data[2 * j * k * NR..(2 * j + unit) * k * NR];
                     let mut tile = [0f32; PANELS1 * NR];
-                    kernel_one_row(xs, k, w, &mut tile);
-                    for q in 0..PANELS1 / 2 {
+                    kernel_one_row(xs, k, w, unit, &mut tile);
+                    for q in 0..unit / 2 {
                         let (g, u) = tile[2 * q * NR..].split_at(NR);
                         self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
                     }
-                    j += PANELS1 / 2;
+                    j += unit / 2;
                 }
                 if j < j1 {
                     let mut gate = [0f32; SG * NR];
@@ -111,7 +112,7 @@ impl Packed {
             };
             // One row: whole groups of panels for the one-row kernel.
             let weights = Stream::of(&self.data, 2 * self.k * NR);
-            workers.run_ranges(m, pairs, PANELS1 / 2, weights, pairs_into);
+            workers.run_ranges(m, pairs, one_row_panels() / 2, weights, pairs_into);
         })
     }
 

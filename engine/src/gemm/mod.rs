@@ -50,6 +50,33 @@ const MR: usize = 8;
 const SG: usize = 32;
 /// Panels a one-row product works on at once (8 accumulators).
 const PANELS1: usize = 4;
+/// Panels a unit of a one-row product takes, the kernel's panels at once
+/// (see [`kernel_one_row`]): `PANELS1` with AVX-512, whose 8 chains need
+/// all four; 2 with AVX2 (its pair of panels is 8 chains). A unit is
+/// what a thread takes from another's region once its own is done, so the
+/// smaller it is, the less of a product the last thread runs alone.
+fn one_row_panels() -> usize {
+    match ONE_ROW_PANELS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 if simd() == Simd::Avx512 => PANELS1,
+        0 => 2,
+        n => n,
+    }
+}
+
+/// [`one_row_panels`] when set (not 0).
+static ONE_ROW_PANELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets, for the whole process, the panels a one-row product's unit takes
+/// (an even number up to 4; 0: the kernel's default): for comparisons
+/// (`steptime`'s `UNIT_AB`).
+pub fn set_one_row_panels(panels: usize) {
+    assert!(
+        panels <= PANELS1 && panels.is_multiple_of(2),
+        "panels: 0, 2 or 4"
+    );
+    ONE_ROW_PANELS.store(panels, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Values of k summed in one chain before the chain's sum is added to the
 /// output (see the module comment).
 const KC: usize = 128;
@@ -111,9 +138,10 @@ impl Packed {
             // one-row kernel; the rest a panel at a time.
             let panels_into = |p0: usize, p1: usize| {
                 let mut p = p0;
-                while m == 1 && p + PANELS1 <= p1 {
-                    self.panels_one_row(xs, p, out_ptr.0);
-                    p += PANELS1;
+                let unit = one_row_panels();
+                while m == 1 && p + unit <= p1 {
+                    self.panels_one_row(xs, p, unit, out_ptr.0);
+                    p += unit;
                 }
                 if p < p1 {
                     // One tile per task: zeroing it per panel cost a step
@@ -127,18 +155,19 @@ impl Packed {
             };
             // One row (a batch-1 decode): a group of panels a unit.
             let weights = Stream::of(&self.data, self.k * NR);
-            workers.run_ranges(m, panels, PANELS1, weights, panels_into);
+            workers.run_ranges(m, panels, one_row_panels(), weights, panels_into);
         })
     }
 
-    /// Columns `p*NR .. (p + PANELS1)*NR` of a one-row output (the caller
-    /// checked that those panels exist).
-    fn panels_one_row(&self, x: &[f32], p: usize, out: *mut f32) {
+    /// Columns `p*NR .. (p + panels)*NR` of a one-row output (the caller
+    /// checked that those panels exist; `panels` is
+    /// [`one_row_panels`]).
+    fn panels_one_row(&self, x: &[f32], p: usize, panels: usize, out: *mut f32) {
         let k = self.k;
-        let w = &self.data[p * k * NR..(p + PANELS1) * k * NR];
+        let w = &self.data[p * k * NR..(p + panels) * k * NR];
         let mut tile = [0f32; PANELS1 * NR];
-        kernel_one_row(x, k, w, &mut tile);
-        let cols = (PANELS1 * NR).min(self.n - p * NR);
+        kernel_one_row(x, k, w, panels, &mut tile);
+        let cols = (panels * NR).min(self.n - p * NR);
         #[allow(unsafe_code)]
         // SAFETY: `out` points at n floats (one row); columns p*NR ..
         // p*NR + cols <= n, panels no other task writes.
@@ -372,11 +401,12 @@ fn kernel(
 /// there (so to the bit the same), but the panels' independent FMA chains
 /// overlap. One panel's two chains leave a batch-1 decode bound by FMA
 /// latency, well short of the memory bandwidth it could stream weights at.
-fn kernel_one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]) {
-    debug_assert!(x.len() >= k && w.len() >= PANELS1 * k * NR);
+fn kernel_one_row(x: &[f32], k: usize, w: &[f32], panels: usize, tile: &mut [f32; PANELS1 * NR]) {
+    assert!(panels <= PANELS1 && panels.is_multiple_of(2));
+    debug_assert!(x.len() >= k && w.len() >= panels * k * NR);
     #[cfg(target_arch = "x86_64")]
     match simd() {
-        Simd::Avx512 => {
+        Simd::Avx512 if panels == PANELS1 => {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F (checked); `x` holds k floats and
             // `w` PANELS1 panels of k * NR (asserted above).
@@ -385,18 +415,20 @@ fn kernel_one_row(x: &[f32], k: usize, w: &[f32], tile: &mut [f32; PANELS1 * NR]
             }
             return;
         }
-        Simd::Avx2 => {
+        // An AVX-512 CPU has AVX2 and FMA too.
+        Simd::Avx2 | Simd::Avx512 => {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX2 and FMA (checked); `x` holds k floats
-            // and `w` PANELS1 panels of k * NR (asserted above).
+            // and `w` `panels` (even, at most PANELS1) panels of k * NR
+            // (asserted above).
             unsafe {
-                avx2::one_row(x, k, w, tile);
+                avx2::one_row(x, k, w, panels, tile);
             }
             return;
         }
         Simd::None => {}
     }
-    for (q, t) in tile.chunks_exact_mut(NR).enumerate() {
+    for (q, t) in tile.chunks_exact_mut(NR).take(panels).enumerate() {
         let panel = &w[q * k * NR..(q + 1) * k * NR];
         let mut k0 = 0;
         while k0 < k {
@@ -538,7 +570,7 @@ mod tests {
         // SAFETY: AVX2 and FMA (asserted); x holds k floats and the data
         // PANELS1 panels.
         unsafe {
-            avx2::one_row(xs, k, &p.data, &mut many)
+            avx2::one_row(xs, k, &p.data, PANELS1, &mut many)
         };
         for q in 0..PANELS1 {
             let mut plain = [0f32; NR];
@@ -589,10 +621,10 @@ mod tests {
         );
     }
 
-    /// A one-row product over several panels at once gives each element
-    /// to the bit what the one-panel kernel gives it (SIMD and portable),
-    /// and a single row through `forward` equals that row in a batch (n
-    /// spans whole groups of panels and a remainder).
+    /// A one-row product over several panels at once (2 or 4) gives each
+    /// element to the bit what the one-panel kernel gives it (SIMD and
+    /// portable), and a single row through `forward`, in units of either,
+    /// equals that row in a batch (n spans whole units and a remainder).
     #[test]
     fn one_row_over_several_panels_agrees_exactly() {
         tch::manual_seed(11);
@@ -602,21 +634,35 @@ mod tests {
         let p = Packed::new(&w).expect("pack");
         let x = Tensor::randn([3, k as i64], (Kind::Float, Device::Cpu));
         let xs = crate::attn::f32_view(&x).expect("view");
-        let mut many = [0f32; PANELS1 * NR];
-        kernel_one_row(xs, k, &p.data[..PANELS1 * k * NR], &mut many);
-        for q in 0..PANELS1 {
-            let (mut simd, mut plain) = ([0f32; MR * NR], [0f32; MR * NR]);
-            let panel = &p.data[q * k * NR..(q + 1) * k * NR];
-            whole(xs, k, 1, panel, &mut simd, true);
-            whole(xs, k, 1, panel, &mut plain, false);
-            assert_eq!(many[q * NR..(q + 1) * NR], simd[..NR], "panel {q}");
-            assert_eq!(simd[..NR], plain[..NR], "panel {q}");
+        for panels in [2, PANELS1] {
+            let mut many = [f32::NAN; PANELS1 * NR];
+            kernel_one_row(xs, k, &p.data[..panels * k * NR], panels, &mut many);
+            for q in 0..panels {
+                let (mut simd, mut plain) = ([0f32; MR * NR], [0f32; MR * NR]);
+                let panel = &p.data[q * k * NR..(q + 1) * k * NR];
+                whole(xs, k, 1, panel, &mut simd, true);
+                whole(xs, k, 1, panel, &mut plain, false);
+                assert_eq!(
+                    many[q * NR..(q + 1) * NR],
+                    simd[..NR],
+                    "{panels}: panel {q}"
+                );
+                assert_eq!(simd[..NR], plain[..NR], "panel {q}");
+            }
         }
         let pool = pool();
         let batch = p.forward(&x, &pool).expect("batch");
-        for r in 0..3 {
-            let alone = p.forward(&x.narrow(0, r, 1), &pool).expect("row");
-            assert!(batch.narrow(0, r, 1).equal(&alone), "row {r} differs alone");
+        // Units change which thread computes a column, never its sum
+        // (other tests running meanwhile get the same bits either way).
+        for unit in [2, PANELS1, 0] {
+            set_one_row_panels(unit);
+            for r in 0..3 {
+                let alone = p.forward(&x.narrow(0, r, 1), &pool).expect("row");
+                assert!(
+                    batch.narrow(0, r, 1).equal(&alone),
+                    "unit {unit}: row {r} differs alone"
+                );
+            }
         }
     }
 
