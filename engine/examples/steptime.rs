@@ -38,9 +38,9 @@
 //! `PREFETCH_AB=1` compares the same way idle workers prefetching the next
 //! one-row product's weights (the default) against not doing so
 //! (`Workers::run_ranges`).
-//! `UNIT_AB=1` compares the same way one-row f32 products cut into units
-//! of 4 panels (128 columns) against 2 (the AVX2 default; see
-//! `engine/src/gemm/mod.rs`, `one_row_panels`).
+//! `UNIT_AB=a,b` compares the same way one-row f32 products cut into
+//! units of `a` panels of 32 columns against `b` (1 to 4; see
+//! `engine/src/gemm/mod.rs`, `one_row_panels`), e.g. `UNIT_AB=4,1`.
 use std::time::Instant;
 
 use gyre_engine::internals::{
@@ -103,15 +103,24 @@ fn main() {
     };
     let chunks_ab = std::env::var("CHUNKS_AB").is_ok_and(|v| v == "1");
     let prefetch_ab = std::env::var("PREFETCH_AB").is_ok_and(|v| v == "1");
-    let unit_ab = std::env::var("UNIT_AB").is_ok_and(|v| v == "1");
+    let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
+        let (a, b) = v.split_once(',')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    });
+    let units = unit_ab.map(|(a, b)| {
+        (
+            format!("units of {a} panels"),
+            format!("units of {b} panels"),
+        )
+    });
     let (label_a, label_b) = if kv_ab {
         ("default KV", "f16 KV")
     } else if chunks_ab {
         ("taking from others' regions", "one region a thread")
     } else if prefetch_ab {
         ("prefetching between products", "no prefetch")
-    } else if unit_ab {
-        ("units of 4 panels", "units of 2 panels")
+    } else if let Some((a, b)) = &units {
+        (a.as_str(), b.as_str())
     } else {
         ("huge pages", "small pages")
     };
@@ -135,11 +144,11 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
-            None if chunks_ab || prefetch_ab || unit_ab => {
+            None if chunks_ab || prefetch_ab || unit_ab.is_some() => {
                 if chunks_ab {
                     set_balanced_stealing(round % 2 == 0);
-                } else if unit_ab {
-                    set_one_row_panels(if round % 2 == 0 { 4 } else { 2 });
+                } else if let Some((a, b)) = unit_ab {
+                    set_one_row_panels(if round % 2 == 0 { a } else { b });
                 } else {
                     set_gap_prefetch(round % 2 == 0);
                 }
@@ -203,7 +212,7 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some() || chunks_ab || prefetch_ab || unit_ab {
+    if small.is_some() || chunks_ab || prefetch_ab || unit_ab.is_some() {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(
