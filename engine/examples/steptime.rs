@@ -39,8 +39,8 @@
 //! one-row product's weights (the default) against not doing so
 //! (`Workers::run_ranges`).
 //! `UNIT_AB=a,b` compares the same way one-row f32 products cut into
-//! units of `a` panels of 32 columns against `b` (1 to 4; see
-//! `engine/src/gemm/mod.rs`, `one_row_panels`), e.g. `UNIT_AB=4,1`.
+//! units of `a` panels of 32 columns against `b` (2 or 4; see
+//! `engine/src/gemm/mod.rs`, `one_row_panels`), e.g. `UNIT_AB=4,2`.
 use std::time::Instant;
 
 use gyre_engine::internals::{

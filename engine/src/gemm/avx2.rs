@@ -262,9 +262,9 @@ fmas!(
     [b0, b1, b2, b3, b4, b5]
 );
 
-/// One row over `panels` panels (1 to `PANELS1`), block by block of k;
-/// within a block the panels two at a time (8 accumulators; a last odd
-/// one alone, 4), each element's sum in the order of [`half`].
+/// One row over `panels` panels (even, at most `PANELS1`), block by block
+/// of k; within a block the panels two at a time (8 accumulators), each
+/// element's sum in the order of [`half`].
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `x` holds k floats and `w` panels * k * NR.
@@ -276,69 +276,43 @@ pub(super) unsafe fn one_row(
     panels: usize,
     tile: &mut [f32; PANELS1 * NR],
 ) {
-    assert!((1..=PANELS1).contains(&panels) && x.len() >= k && w.len() >= panels * k * NR);
-    let (xp, wp, tp) = (x.as_ptr(), w.as_ptr(), tile.as_mut_ptr());
+    assert!(panels <= PANELS1 && panels.is_multiple_of(2));
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    let tp = tile.as_mut_ptr();
     let mut k0 = 0;
     while k0 < k {
         let k1 = k.min(k0 + KC);
-        let mut p = 0;
-        // SAFETY: panels p .. p + 2 (or + 1) < panels, within `w` and the
-        // tile (asserted), k1 <= k.
-        unsafe {
-            while p + 2 <= panels {
-                one_row_block::<2>(xp, wp, k, (k0, k1), p, tp);
-                p += 2;
+        for pair in 0..panels / 2 {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for kk in k0..k1 {
+                // SAFETY (for the whole loop): kk < k, so each panel's
+                // reads stay within its k * NR floats, the row's within
+                // k.
+                unsafe {
+                    let xv = _mm256_broadcast_ss(&*xp.add(kk));
+                    for q in 0..2 {
+                        let at = wp.add((2 * pair + q) * k * NR + kk * NR);
+                        for v in 0..4 {
+                            a[4 * q + v] =
+                                _mm256_fmadd_ps(xv, _mm256_loadu_ps(at.add(8 * v)), a[4 * q + v]);
+                        }
+                    }
+                }
             }
-            if p < panels {
-                one_row_block::<1>(xp, wp, k, (k0, k1), p, tp);
+            for (i, acc) in a.iter().enumerate() {
+                // SAFETY: the pair's two panels' 64 floats start at
+                // 2 * pair * NR, inside the tile.
+                unsafe {
+                    let t = tp.add(2 * pair * NR + i * 8);
+                    if k0 == 0 {
+                        _mm256_storeu_ps(t, *acc);
+                    } else {
+                        _mm256_storeu_ps(t, _mm256_add_ps(_mm256_loadu_ps(t), *acc));
+                    }
+                }
             }
         }
         k0 = k1;
-    }
-}
-
-/// Block `k0 .. k1` of one row over `Q` panels from panel `p`, into (the
-/// first block) or onto their `Q * NR` floats of the tile at `tp`.
-///
-/// # Safety
-/// AVX2 and FMA; `xp` holds k floats, `wp` panels `p .. p + Q` of k * NR,
-/// `tp` their tile columns; k1 <= k.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn one_row_block<const Q: usize>(
-    xp: *const f32,
-    wp: *const f32,
-    k: usize,
-    (k0, k1): (usize, usize),
-    p: usize,
-    tp: *mut f32,
-) {
-    let mut a = [[_mm256_setzero_ps(); 4]; Q];
-    for kk in k0..k1 {
-        // SAFETY (for the whole loop): kk < k, so each panel's reads stay
-        // within its k * NR floats, the row's within k.
-        unsafe {
-            let xv = _mm256_broadcast_ss(&*xp.add(kk));
-            for (q, a) in a.iter_mut().enumerate() {
-                let at = wp.add((p + q) * k * NR + kk * NR);
-                for (v, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(at.add(8 * v)), *a);
-                }
-            }
-        }
-    }
-    for (q, a) in a.iter().enumerate() {
-        for (v, acc) in a.iter().enumerate() {
-            // SAFETY: panel p + q's 32 floats start at (p + q) * NR, inside
-            // the tile.
-            unsafe {
-                let t = tp.add((p + q) * NR + v * 8);
-                if k0 == 0 {
-                    _mm256_storeu_ps(t, *acc);
-                } else {
-                    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_loadu_ps(t), *acc));
-                }
-            }
-        }
     }
 }

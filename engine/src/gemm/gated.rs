@@ -80,17 +80,17 @@ impl Packed {
             // columns).
             let pairs_into = |j0: usize, j1: usize| {
                 let mut j = j0;
-                let unit = one_row_pairs();
-                while m == 1 && j + unit <= j1 {
+                let unit = one_row_panels();
+                while m == 1 && j + unit / 2 <= j1 {
                     let k = self.k;
-                    let w = &self.data[2 * j * k * NR..2 * (j + unit) * k * NR];
+                    let w = &self.data[2 * j * k * NR..(2 * j + unit) * k * NR];
                     let mut tile = [0f32; PANELS1 * NR];
-                    kernel_one_row(xs, k, w, 2 * unit, &mut tile);
-                    for q in 0..unit {
+                    kernel_one_row(xs, k, w, unit, &mut tile);
+                    for q in 0..unit / 2 {
                         let (g, u) = tile[2 * q * NR..].split_at(NR);
                         self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
                     }
-                    j += unit;
+                    j += unit / 2;
                 }
                 if j < j1 {
                     let mut gate = [0f32; SG * NR];
@@ -110,9 +110,9 @@ impl Packed {
                     }
                 }
             };
-            // One row: units of whole gate/up pairs for the one-row kernel.
+            // One row: whole groups of panels for the one-row kernel.
             let weights = Stream::of(&self.data, 2 * self.k * NR);
-            workers.run_ranges(m, pairs, one_row_pairs(), weights, pairs_into);
+            workers.run_ranges(m, pairs, one_row_panels() / 2, weights, pairs_into);
         })
     }
 
@@ -175,10 +175,4 @@ fn silu_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 fn silu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
     crate::fused::silu_mul_slice(g, u, out);
-}
-
-/// Gate/up pairs a unit of a one-row gated product takes: as many
-/// panels as [`one_row_panels`] says, at least one pair.
-fn one_row_pairs() -> usize {
-    one_row_panels().div_ceil(2)
 }

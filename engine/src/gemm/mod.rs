@@ -56,7 +56,7 @@ const PANELS1: usize = 4;
 /// what a thread takes from another's region once its own is done, so the
 /// smaller it is, the less of a product the last thread runs alone: on a
 /// 2-core Zen 1, units of 2 decoded SmolLM2 F32 1.06x faster than units
-/// of 4, and units of 1 (a lone panel's 4 chains) no faster than 2.
+/// of 4.
 fn one_row_panels() -> usize {
     match ONE_ROW_PANELS.load(std::sync::atomic::Ordering::Relaxed) {
         0 if simd() == Simd::Avx512 => PANELS1,
@@ -69,10 +69,13 @@ fn one_row_panels() -> usize {
 static ONE_ROW_PANELS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Sets, for the whole process, the panels a one-row product's unit takes
-/// (1 to 4; 0: the kernel's default): for comparisons
-/// (`steptime`'s `UNIT_AB`).
+/// (2 or 4; 0: the kernel's default): for comparisons (`steptime`'s
+/// `UNIT_AB`).
 pub fn set_one_row_panels(panels: usize) {
-    assert!(panels <= PANELS1, "panels: 0 to {PANELS1}");
+    assert!(
+        panels <= PANELS1 && panels.is_multiple_of(2),
+        "panels: 0, 2 or 4"
+    );
     ONE_ROW_PANELS.store(panels, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -401,7 +404,7 @@ fn kernel(
 /// overlap. One panel's two chains leave a batch-1 decode bound by FMA
 /// latency, well short of the memory bandwidth it could stream weights at.
 fn kernel_one_row(x: &[f32], k: usize, w: &[f32], panels: usize, tile: &mut [f32; PANELS1 * NR]) {
-    assert!((1..=PANELS1).contains(&panels));
+    assert!(panels <= PANELS1 && panels.is_multiple_of(2));
     debug_assert!(x.len() >= k && w.len() >= panels * k * NR);
     #[cfg(target_arch = "x86_64")]
     match simd() {
@@ -418,8 +421,8 @@ fn kernel_one_row(x: &[f32], k: usize, w: &[f32], panels: usize, tile: &mut [f32
         Simd::Avx2 | Simd::Avx512 => {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX2 and FMA (checked); `x` holds k floats
-            // and `w` `panels` (1 to PANELS1) panels of k * NR (asserted
-            // above).
+            // and `w` `panels` (even, at most PANELS1) panels of k * NR
+            // (asserted above).
             unsafe {
                 avx2::one_row(x, k, w, panels, tile);
             }
@@ -620,11 +623,10 @@ mod tests {
         );
     }
 
-    /// A one-row product over several panels at once (1 to 4) gives each
+    /// A one-row product over several panels at once (2 or 4) gives each
     /// element to the bit what the one-panel kernel gives it (SIMD and
-    /// portable), and a single row through `forward`, in units of any of
-    /// those, equals that row in a batch (n spans whole units and a
-    /// remainder).
+    /// portable), and a single row through `forward`, in units of either,
+    /// equals that row in a batch (n spans whole units and a remainder).
     #[test]
     fn one_row_over_several_panels_agrees_exactly() {
         tch::manual_seed(11);
@@ -634,7 +636,7 @@ mod tests {
         let p = Packed::new(&w).expect("pack");
         let x = Tensor::randn([3, k as i64], (Kind::Float, Device::Cpu));
         let xs = crate::attn::f32_view(&x).expect("view");
-        for panels in 1..=PANELS1 {
+        for panels in [2, PANELS1] {
             let mut many = [f32::NAN; PANELS1 * NR];
             kernel_one_row(xs, k, &p.data[..panels * k * NR], panels, &mut many);
             for q in 0..panels {
@@ -654,7 +656,7 @@ mod tests {
         let batch = p.forward(&x, &pool).expect("batch");
         // Units change which thread computes a column, never its sum
         // (other tests running meanwhile get the same bits either way).
-        for unit in [1, 2, 3, PANELS1, 0] {
+        for unit in [2, PANELS1, 0] {
             set_one_row_panels(unit);
             for r in 0..3 {
                 let alone = p.forward(&x.narrow(0, r, 1), &pool).expect("row");
@@ -692,13 +694,13 @@ mod tests {
                 let both = gated.forward(&x, &pool).expect("gated plain");
                 assert!(both.equal(&plain.forward(&x, &pool).expect("plain")));
             }
-            // One row in units of one pair and of two.
+            // One row in units of one gate/up pair and of two.
             let x = Tensor::randn([1, k as i64], (Kind::Float, Device::Cpu));
             let gu = plain.forward(&x, &pool).expect("forward");
             let want = crate::fused::silu_mul(&gu, inter as i64)
                 .expect("silu")
                 .expect("cpu silu");
-            for unit in [1, 2, PANELS1, 0] {
+            for unit in [2, PANELS1, 0] {
                 set_one_row_panels(unit);
                 let got = gated.forward_silu(&x, &pool).expect("gated");
                 assert!(got.equal(&want), "inter={inter} unit={unit}");
