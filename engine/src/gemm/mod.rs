@@ -398,20 +398,21 @@ fn kernel(
     portable(x, k, rows, k0, k1, w, tile);
 }
 
-/// [`kernel`] for one row over `PANELS1` consecutive panels (`w`, [PANELS1,
-/// k, NR]) at once: each output element is summed in the same order as
-/// there (so to the bit the same), but the panels' independent FMA chains
-/// overlap. One panel's two chains leave a batch-1 decode bound by FMA
-/// latency, well short of the memory bandwidth it could stream weights at.
+/// [`kernel`] for one row over `panels` consecutive panels (`w`, [panels,
+/// k, NR]; 2 or `PANELS1`, see [`one_row_panels`]) at once: each output
+/// element is summed in the same order as there (so to the bit the same),
+/// but the panels' independent FMA chains overlap. One panel's two chains
+/// (AVX-512) leave a batch-1 decode bound by FMA latency, well short of the
+/// memory bandwidth it could stream weights at.
 fn kernel_one_row(x: &[f32], k: usize, w: &[f32], panels: usize, tile: &mut [f32; PANELS1 * NR]) {
     assert!(panels <= PANELS1 && panels.is_multiple_of(2));
-    debug_assert!(x.len() >= k && w.len() >= panels * k * NR);
+    assert!(x.len() >= k && w.len() >= panels * k * NR);
     #[cfg(target_arch = "x86_64")]
     match simd() {
         Simd::Avx512 if panels == PANELS1 => {
             #[allow(unsafe_code)]
             // SAFETY: the CPU has AVX-512F (checked); `x` holds k floats and
-            // `w` PANELS1 panels of k * NR (asserted above).
+            // `w` PANELS1 panels of k * NR (matched and asserted above).
             unsafe {
                 avx512::one_row(x, k, w, tile);
             }
