@@ -76,11 +76,12 @@ impl Packed {
             let pairs = inter.div_ceil(NR);
             let out_ptr = SendPtr(out);
             let out_ptr = &out_ptr;
+            // Read once: the ranges and the tasks cut by the same unit.
+            let unit = one_row_panels();
             // Pairs j0..j1 of every row (no other task writes their
             // columns).
             let pairs_into = |j0: usize, j1: usize| {
                 let mut j = j0;
-                let unit = one_row_panels();
                 while m == 1 && j + unit / 2 <= j1 {
                     let k = self.k;
                     let w = &self.data[2 * j * k * NR..(2 * j + unit) * k * NR];
@@ -112,7 +113,7 @@ impl Packed {
             };
             // One row: whole groups of panels for the one-row kernel.
             let weights = Stream::of(&self.data, 2 * self.k * NR);
-            workers.run_ranges(m, pairs, one_row_panels() / 2, weights, pairs_into);
+            workers.run_ranges(m, pairs, unit / 2, weights, pairs_into);
         })
     }
 

@@ -135,12 +135,13 @@ impl Packed {
             let panels = self.n.div_ceil(NR);
             let out_ptr = SendPtr(out);
             let out_ptr = &out_ptr;
+            // Read once: the ranges and the tasks cut by the same unit.
+            let unit = one_row_panels();
             // Panels p0..p1 of every row (no other task writes their
             // columns): with one row, whole groups of panels through the
             // one-row kernel; the rest a panel at a time.
             let panels_into = |p0: usize, p1: usize| {
                 let mut p = p0;
-                let unit = one_row_panels();
                 while m == 1 && p + unit <= p1 {
                     self.panels_one_row(xs, p, unit, out_ptr.0);
                     p += unit;
@@ -157,7 +158,7 @@ impl Packed {
             };
             // One row (a batch-1 decode): a group of panels a unit.
             let weights = Stream::of(&self.data, self.k * NR);
-            workers.run_ranges(m, panels, one_row_panels(), weights, panels_into);
+            workers.run_ranges(m, panels, unit, weights, panels_into);
         })
     }
 
