@@ -41,10 +41,12 @@
 //! `UNIT_AB=a,b` compares the same way one-row f32 products cut into
 //! units of `a` panels of 32 columns against `b` (2 or 4; see
 //! `engine/src/gemm/mod.rs`, `one_row_panels`), e.g. `UNIT_AB=4,2`.
+//! `ROWS_AB=1` compares the same way decode steps through the row path
+//! (the default) against the tensor path (`engine/src/layers/rows.rs`).
 use std::time::Instant;
 
 use gyre_engine::internals::{
-    set_balanced_stealing, set_gap_prefetch, set_huge_pages, set_one_row_panels,
+    set_balanced_stealing, set_gap_prefetch, set_huge_pages, set_one_row_panels, set_row_path,
 };
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
@@ -103,6 +105,7 @@ fn main() {
     };
     let chunks_ab = std::env::var("CHUNKS_AB").is_ok_and(|v| v == "1");
     let prefetch_ab = std::env::var("PREFETCH_AB").is_ok_and(|v| v == "1");
+    let rows_ab = std::env::var("ROWS_AB").is_ok_and(|v| v == "1");
     let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
@@ -119,6 +122,8 @@ fn main() {
         ("taking from others' regions", "one region a thread")
     } else if prefetch_ab {
         ("prefetching between products", "no prefetch")
+    } else if rows_ab {
+        ("row path", "tensor path")
     } else if let Some((a, b)) = &units {
         (a.as_str(), b.as_str())
     } else {
@@ -144,8 +149,10 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
-            None if chunks_ab || prefetch_ab || unit_ab.is_some() => {
-                if chunks_ab {
+            None if chunks_ab || prefetch_ab || rows_ab || unit_ab.is_some() => {
+                if rows_ab {
+                    set_row_path(round % 2 == 0);
+                } else if chunks_ab {
                     set_balanced_stealing(round % 2 == 0);
                 } else if let Some((a, b)) = unit_ab {
                     set_one_row_panels(if round % 2 == 0 { a } else { b });
@@ -212,7 +219,7 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some() || chunks_ab || prefetch_ab || unit_ab.is_some() {
+    if small.is_some() || chunks_ab || prefetch_ab || rows_ab || unit_ab.is_some() {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(

@@ -703,6 +703,7 @@ pub mod internals {
     pub use crate::kv::KvPool;
     pub use crate::layers::Backend;
     pub use crate::layers::batch::{SeqInput, StepBatch};
+    pub use crate::layers::rows::{set_enabled as set_row_path, steps as row_path_steps};
     pub use crate::models::{KvShape, Model, load, load_with, supported};
     pub use crate::pages::set_enabled as set_huge_pages;
     pub use crate::quant::{Kernel as QuantKernel, time_matmul as time_quant_matmul};

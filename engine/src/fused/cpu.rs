@@ -57,6 +57,39 @@ pub(crate) fn add_rms_norm(
     Ok((sum.unwrap_or_else(|| x.shallow_clone()), h))
 }
 
+/// [`add_rms_norm`] over slices (the row path, `layers::rows`): `h` the
+/// norm of each row of `xs` (+ `ds`), with the sum written to `sum`
+/// where `ds` is given; rows of `ws.len()` floats.
+pub(crate) fn add_rms_norm_to(
+    xs: &[f32],
+    ds: Option<&[f32]>,
+    ws: &[f32],
+    eps: f64,
+    h: &mut [f32],
+    sum: Option<&mut [f32]>,
+) -> Result<(), EngineError> {
+    let hidden = ws.len();
+    let n = xs.len();
+    if hidden == 0
+        || !n.is_multiple_of(hidden)
+        || h.len() != n
+        || ds.is_some() != sum.is_some()
+        || ds.is_some_and(|d| d.len() != n)
+        || sum.as_ref().is_some_and(|s| s.len() != n)
+    {
+        return Err(EngineError::Step("rms_norm: shapes do not agree".into()));
+    }
+    let args = NormArgs {
+        xs,
+        ds,
+        ws,
+        eps: eps as f32,
+        hidden,
+    };
+    norm_rows_simd(&args, n / hidden, h, sum);
+    Ok(())
+}
+
 /// Gemma's per-head query and key norms of `qkv` [n, (heads + 2
 /// kv_heads) x head_dim]: a new tensor of its shape with each query head
 /// normalised as [`add_rms_norm`] does (no delta) with the weight `q_w`,
@@ -196,14 +229,49 @@ pub(crate) fn rope_kv(
     head_dim: i64,
 ) -> Result<Tensor, EngineError> {
     let (n, width) = rows_of(qkv);
-    let (h, kvh, d) = (heads as usize, kv_heads as usize, head_dim as usize);
     let (a, c, s) = (f32_view(qkv)?, f32_view(cos)?, f32_view(signed_sin)?);
     let slots: Vec<i64> = Vec::<i64>::try_from(slots)?;
+    if slots.len() != n || width as i64 != (heads + 2 * kv_heads) * head_dim {
+        return Err(EngineError::Step("rope_kv: shapes do not agree".into()));
+    }
+    let mut done = Ok(());
+    let q = crate::attn::f32_tensor_written(&[n as i64, heads, head_dim], |qp| {
+        // SAFETY: the fresh tensor holds n * heads * head_dim floats,
+        // referenced nowhere else until returned; `rope_kv_to` writes
+        // every one (or fails its checks first, and the tensor is dropped).
+        #[allow(unsafe_code)]
+        let q = unsafe { std::slice::from_raw_parts_mut(qp, n * (heads * head_dim) as usize) };
+        done = rope_kv_to(
+            a, c, s, &slots, k_cache, v_cache, heads, kv_heads, head_dim, q,
+        );
+    })?;
+    done.map(|()| q)
+}
+
+/// [`rope_kv`] over slices (the row path, `layers::rows`): the rotated
+/// queries of `a` ([n, (heads + 2 kv_heads) x head_dim]) into `q` ([n,
+/// heads, head_dim]), keys and values into the pool at `slots`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rope_kv_to(
+    a: &[f32],
+    c: &[f32],
+    s: &[f32],
+    slots: &[i64],
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    q: &mut [f32],
+) -> Result<(), EngineError> {
+    let (h, kvh, d) = (heads as usize, kv_heads as usize, head_dim as usize);
+    let width = (h + 2 * kvh) * d;
+    let n = slots.len();
     let pool_rows = k_cache.size().first().copied().unwrap_or(0);
-    if width != (h + 2 * kvh) * d
+    if a.len() != n * width
+        || q.len() != n * h * d
         || c.len() != n * d
         || s.len() != c.len()
-        || slots.len() != n
         || d % 2 != 0
         || k_cache.size() != [pool_rows, kv_heads, head_dim]
         || v_cache.size() != k_cache.size()
@@ -216,19 +284,14 @@ pub(crate) fn rope_kv(
     // A float16 pool: each key and value head rounded from float32 here
     // (as libtorch's conversion rounds: to nearest, ties to even).
     let mut wide = vec![0f32; if f16_pool { d } else { 0 }];
-    let mut token = |t: usize, qp: *mut f32| {
+    let mut token = |t: usize, q: &mut [f32]| {
         let row = &a[t * width..(t + 1) * width];
         let (ct, st) = (&c[t * d..(t + 1) * d], &s[t * d..(t + 1) * d]);
         let base = slots[t] as usize * kvh * d;
         for head in 0..h + 2 * kvh {
             let x = &row[head * d..(head + 1) * d];
             if head < h {
-                // SAFETY: `qp` is the data of the fresh contiguous float32
-                // tensor [n, heads, head_dim] (t < n, head < h), so the d
-                // floats lie inside; borrowed for this head alone.
-                #[allow(unsafe_code)]
-                let out = unsafe { std::slice::from_raw_parts_mut(qp.add((t * h + head) * d), d) };
-                rotate(x, ct, st, out);
+                rotate(x, ct, st, &mut q[(t * h + head) * d..][..d]);
                 continue;
             }
             let (pool, at) = if head < h + kvh {
@@ -268,11 +331,10 @@ pub(crate) fn rope_kv(
             }
         }
     };
-    crate::attn::f32_tensor_written(&[n as i64, heads, head_dim], |qp| {
-        for t in 0..n {
-            token(t, qp);
-        }
-    })
+    for t in 0..n {
+        token(t, q);
+    }
+    Ok(())
 }
 
 /// One head rotated: `x * cos + rotate_half(x) * signed_sin`, each half in

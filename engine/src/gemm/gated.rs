@@ -73,48 +73,92 @@ impl Packed {
         let xs = crate::attn::f32_view(&x)?;
         let width = if silu { inter } else { 2 * inter };
         crate::attn::f32_tensor_written(&[m as i64, width as i64], |out| {
-            let pairs = inter.div_ceil(NR);
-            let out_ptr = SendPtr(out);
-            let out_ptr = &out_ptr;
-            // Read once: the ranges and the tasks cut by the same unit.
-            let unit = one_row_panels();
-            // Pairs j0..j1 of every row (no other task writes their
-            // columns).
-            let pairs_into = |j0: usize, j1: usize| {
-                let mut j = j0;
-                while m == 1 && j + unit / 2 <= j1 {
-                    let k = self.k;
-                    let w = &self.data[2 * j * k * NR..(2 * j + unit) * k * NR];
-                    let mut tile = [0f32; PANELS1 * NR];
-                    kernel_one_row(xs, k, w, unit, &mut tile);
-                    for q in 0..unit / 2 {
-                        let (g, u) = tile[2 * q * NR..].split_at(NR);
-                        self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
-                    }
-                    j += unit / 2;
-                }
-                if j < j1 {
-                    let mut gate = [0f32; SG * NR];
-                    let mut up = [0f32; SG * NR];
-                    for j in j..j1 {
-                        let mut r0 = 0;
-                        while r0 < m {
-                            let rows = SG.min(m - r0);
-                            self.panel_rows(xs, r0, rows, 2 * j, &mut gate);
-                            self.panel_rows(xs, r0, rows, 2 * j + 1, &mut up);
-                            for i in 0..rows {
-                                let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
-                                self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
-                            }
-                            r0 += rows;
-                        }
-                    }
-                }
-            };
-            // One row: whole groups of panels for the one-row kernel.
-            let weights = Stream::of(&self.data, 2 * self.k * NR);
-            workers.run_ranges(m, pairs, unit / 2, weights, pairs_into);
+            self.pairs_raw(xs, m, inter, workers, silu, out);
         })
+    }
+
+    /// [`Packed::forward_silu`] of `xs` ([m, k], row-major) into `out`
+    /// ([m, inter]), buffers the caller keeps from step to step (the row
+    /// path, `layers::rows`): the same tasks, so the same bits.
+    pub(crate) fn forward_silu_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        workers: &Workers,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let Some(inter) = self.gated else {
+            return Err(EngineError::Step(
+                "forward_silu needs a gate/up weight packed for it".into(),
+            ));
+        };
+        if xs.len() != m * self.k || out.len() != m * inter {
+            return Err(EngineError::Step(format!(
+                "gate/up: {} inputs and {} outputs for {m} rows of a weight [{}, {}]",
+                xs.len(),
+                out.len(),
+                2 * inter,
+                self.k
+            )));
+        }
+        if m > 0 {
+            self.pairs_raw(xs, m, inter, workers, true, out.as_mut_ptr());
+        }
+        Ok(())
+    }
+
+    /// The pairs' product into the m * width floats at `out` (width
+    /// `inter` with `silu`, else `2 * inter`), each written once.
+    fn pairs_raw(
+        &self,
+        xs: &[f32],
+        m: usize,
+        inter: usize,
+        workers: &Workers,
+        silu: bool,
+        out: *mut f32,
+    ) {
+        let pairs = inter.div_ceil(NR);
+        let out_ptr = SendPtr(out);
+        let out_ptr = &out_ptr;
+        // Read once: the ranges and the tasks cut by the same unit.
+        let unit = one_row_panels();
+        // Pairs j0..j1 of every row (no other task writes their
+        // columns).
+        let pairs_into = |j0: usize, j1: usize| {
+            let mut j = j0;
+            while m == 1 && j + unit / 2 <= j1 {
+                let k = self.k;
+                let w = &self.data[2 * j * k * NR..(2 * j + unit) * k * NR];
+                let mut tile = [0f32; PANELS1 * NR];
+                kernel_one_row(xs, k, w, unit, &mut tile);
+                for q in 0..unit / 2 {
+                    let (g, u) = tile[2 * q * NR..].split_at(NR);
+                    self.write_pair(out_ptr.0, inter, silu, 0, j + q, g, &u[..NR]);
+                }
+                j += unit / 2;
+            }
+            if j < j1 {
+                let mut gate = [0f32; SG * NR];
+                let mut up = [0f32; SG * NR];
+                for j in j..j1 {
+                    let mut r0 = 0;
+                    while r0 < m {
+                        let rows = SG.min(m - r0);
+                        self.panel_rows(xs, r0, rows, 2 * j, &mut gate);
+                        self.panel_rows(xs, r0, rows, 2 * j + 1, &mut up);
+                        for i in 0..rows {
+                            let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
+                            self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
+                        }
+                        r0 += rows;
+                    }
+                }
+            }
+        };
+        // One row: whole groups of panels for the one-row kernel.
+        let weights = Stream::of(&self.data, 2 * self.k * NR);
+        workers.run_ranges(m, pairs, unit / 2, weights, pairs_into);
     }
 
     /// Row `r`, columns `j*NR ..` of a gated output from the tiles' columns

@@ -132,34 +132,70 @@ impl Packed {
         // Every output element is written once: each chunk's panels cover
         // their columns (all n of them between the chunks) for every row.
         crate::attn::f32_tensor_written(&[m as i64, self.n as i64], |out| {
-            let panels = self.n.div_ceil(NR);
-            let out_ptr = SendPtr(out);
-            let out_ptr = &out_ptr;
-            // Read once: the ranges and the tasks cut by the same unit.
-            let unit = one_row_panels();
-            // Panels p0..p1 of every row (no other task writes their
-            // columns): with one row, whole groups of panels through the
-            // one-row kernel; the rest a panel at a time.
-            let panels_into = |p0: usize, p1: usize| {
-                let mut p = p0;
-                while m == 1 && p + unit <= p1 {
-                    self.panels_one_row(xs, p, unit, out_ptr.0);
-                    p += unit;
-                }
-                if p < p1 {
-                    // One tile per task: zeroing it per panel cost a step
-                    // of 16 rows a memset of 26 MB on SmolLM2. (Each
-                    // block's first pass writes it before it is read.)
-                    let mut tile = [0f32; SG * NR];
-                    for p in p..p1 {
-                        self.panel(xs, m, p, out_ptr.0, &mut tile);
-                    }
-                }
-            };
-            // One row (a batch-1 decode): a group of panels a unit.
-            let weights = Stream::of(&self.data, self.k * NR);
-            workers.run_ranges(m, panels, unit, weights, panels_into);
+            self.forward_raw(xs, m, workers, out);
         })
+    }
+
+    /// Output columns (`n` of the weight [n, k]; a gated weight's are
+    /// `2 * inter`).
+    pub(crate) fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// [`Packed::forward`] of `xs` ([m, k], row-major) into `out` ([m, n]),
+    /// buffers the caller keeps from step to step (the row path,
+    /// `layers::rows`): the same tasks, so the same bits.
+    pub(crate) fn forward_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        workers: &Workers,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        if self.gated.is_some() || xs.len() != m * self.k || out.len() != m * self.n {
+            return Err(EngineError::Step(format!(
+                "linear: {} inputs and {} outputs for {m} rows of a weight [{}, {}]",
+                xs.len(),
+                out.len(),
+                self.n,
+                self.k
+            )));
+        }
+        if m > 0 {
+            self.forward_raw(xs, m, workers, out.as_mut_ptr());
+        }
+        Ok(())
+    }
+
+    /// The product into the m * n floats at `out`, each written once.
+    fn forward_raw(&self, xs: &[f32], m: usize, workers: &Workers, out: *mut f32) {
+        let panels = self.n.div_ceil(NR);
+        let out_ptr = SendPtr(out);
+        let out_ptr = &out_ptr;
+        // Read once: the ranges and the tasks cut by the same unit.
+        let unit = one_row_panels();
+        // Panels p0..p1 of every row (no other task writes their
+        // columns): with one row, whole groups of panels through the
+        // one-row kernel; the rest a panel at a time.
+        let panels_into = |p0: usize, p1: usize| {
+            let mut p = p0;
+            while m == 1 && p + unit <= p1 {
+                self.panels_one_row(xs, p, unit, out_ptr.0);
+                p += unit;
+            }
+            if p < p1 {
+                // One tile per task: zeroing it per panel cost a step
+                // of 16 rows a memset of 26 MB on SmolLM2. (Each
+                // block's first pass writes it before it is read.)
+                let mut tile = [0f32; SG * NR];
+                for p in p..p1 {
+                    self.panel(xs, m, p, out_ptr.0, &mut tile);
+                }
+            }
+        };
+        // One row (a batch-1 decode): a group of panels a unit.
+        let weights = Stream::of(&self.data, self.k * NR);
+        workers.run_ranges(m, panels, unit, weights, panels_into);
     }
 
     /// Columns `p*NR .. (p + panels)*NR` of a one-row output (the caller

@@ -151,6 +151,106 @@ impl Linear {
     }
 }
 
+/// The row path (`layers::rows`): products of a step's rows held in the
+/// caller's buffers, through the same kernels as `forward` (so the same
+/// bits), with no libtorch op.
+impl Linear {
+    /// Whether [`Linear::forward_to`] applies: a packed (not gate/up) or
+    /// quantized weight, and a bias, if any, a float32 CPU vector.
+    pub fn rows_ok(&self) -> bool {
+        let bias_ok = self
+            .bias
+            .as_ref()
+            .is_none_or(|b| crate::attn::f32_view(b).is_ok_and(|v| v.len() == self.out_features()));
+        bias_ok
+            && match &self.w {
+                Weight::Packed(p) => !p.is_gated(),
+                Weight::Quant(_) => true,
+                _ => false,
+            }
+    }
+
+    /// Whether [`Linear::forward_silu_to`] applies: a stacked gate/up
+    /// weight packed for it or quantized whole groups a half, no bias.
+    pub fn silu_rows_ok(&self) -> bool {
+        self.bias.is_none()
+            && match &self.w {
+                Weight::Packed(p) => p.is_gated(),
+                Weight::Quant(q) => q.silu_fits(),
+                _ => false,
+            }
+    }
+
+    /// Output columns (a gate/up weight's: gate and up).
+    pub fn out_features(&self) -> usize {
+        match &self.w {
+            Weight::Packed(p) => p.out_features(),
+            Weight::Quant(q) => q.out_features(),
+            Weight::Torch(w) => w.size().first().copied().unwrap_or(0) as usize,
+            Weight::Transposed(w) => w.size().last().copied().unwrap_or(0) as usize,
+        }
+    }
+
+    /// `out` [m, out] = `xs` [m, in] W^T (+ b) where [`Linear::rows_ok`].
+    pub fn forward_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        out: &mut [f32],
+        be: &Backend,
+    ) -> Result<(), EngineError> {
+        match &self.w {
+            Weight::Packed(p) if !p.is_gated() => p.forward_to(xs, m, &be.pool, out)?,
+            Weight::Quant(q) => q.forward_to(xs, m, be.quant.unwrap_or_default(), &be.pool, out)?,
+            _ => {
+                return Err(EngineError::Step(
+                    "linear: the row path needs a packed or quantized weight".into(),
+                ));
+            }
+        }
+        if let Some(b) = &self.bias {
+            let bs = crate::attn::f32_view(b)?;
+            // As libtorch's `y + b`: one rounding per element.
+            for row in out.chunks_exact_mut(bs.len().max(1)) {
+                for (o, &v) in row.iter_mut().zip(bs) {
+                    *o += v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `out` [m, inter] = `silu(xs G^T) * (xs U^T)` where
+    /// [`Linear::silu_rows_ok`], with `gu` scratch for a quantized weight.
+    pub fn forward_silu_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        out: &mut [f32],
+        gu: &mut Vec<f32>,
+        be: &Backend,
+    ) -> Result<(), EngineError> {
+        let done = match &self.w {
+            Weight::Packed(p) if p.is_gated() => {
+                p.forward_silu_to(xs, m, &be.pool, out)?;
+                true
+            }
+            Weight::Quant(q) => {
+                gu.resize(m * q.out_features(), 0.0);
+                let acts = be.quant.unwrap_or_default();
+                q.forward_silu_to(xs, m, acts, &be.pool, gu, out)?
+            }
+            _ => false,
+        };
+        if !done {
+            return Err(EngineError::Step(
+                "gate/up: the row path needs a weight packed or quantized for it".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The vocabulary projection: `lm_head.weight`, or the embedding when the
 /// checkpoint ties them and has no separate head (a quantized embedding's
 /// blocks are shared, not copied).

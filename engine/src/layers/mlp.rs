@@ -100,6 +100,12 @@ impl GatedMlp {
         }
     }
 
+    /// The stacked gate/up and the down projection, for the row path
+    /// (`layers::rows`): a SwiGLU MLP alone (GeGLU has no row path).
+    pub fn silu_parts(&self) -> Option<(&Linear, &Linear)> {
+        matches!(self.act, Act::Silu).then_some((&self.gate_up, &self.down))
+    }
+
     pub fn forward(&self, x: &Tensor, be: &Backend) -> Result<Tensor, EngineError> {
         // (Only a SiLU MLP: a quantized gate/up weight is stacked the same
         // way under GeGLU.)

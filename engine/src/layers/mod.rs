@@ -12,6 +12,7 @@ pub(crate) mod mlp;
 pub(crate) mod moe;
 pub(crate) mod norm;
 pub(crate) mod rope;
+pub(crate) mod rows;
 pub(crate) mod weights;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -44,6 +44,13 @@ impl RmsNorm {
 }
 
 impl RmsNorm {
+    /// The weight and epsilon (the row path, `layers::rows`).
+    pub fn parts(&self) -> (&Tensor, f64) {
+        (&self.w, self.eps)
+    }
+}
+
+impl RmsNorm {
     /// The residual `x + delta` and its norm: one kernel on CUDA in bf16,
     /// one pass of Rust on the CPU in float32, else two libtorch steps.
     pub fn add_forward(&self, x: &Tensor, delta: &Tensor) -> Result<(Tensor, Tensor), EngineError> {

@@ -18,6 +18,7 @@ use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::{Rope, RopeAt};
+use crate::layers::rows::RowParts;
 use crate::layers::weights::Weights;
 
 /// What this family reads beyond the shared config.
@@ -122,6 +123,19 @@ impl Layer for DecoderLayer {
         let (x, h) = self.post_attention_layernorm.add_forward(x, &a)?;
         Ok(x.f_add(&self.mlp.forward(&h, s.be)?)?)
     }
+
+    fn row_parts(&self) -> Option<RowParts<'_>> {
+        let (gate_up, down) = self.mlp.silu_parts()?;
+        Some(RowParts {
+            input_norm: &self.input_layernorm,
+            qkv: &self.self_attn.qkv,
+            o: &self.self_attn.o,
+            p: &self.self_attn.p,
+            post_norm: &self.post_attention_layernorm,
+            gate_up,
+            down,
+        })
+    }
 }
 
 pub(super) fn load(
@@ -162,5 +176,6 @@ pub(super) fn load(
         norm,
         lm_head,
         rope,
+        rows: Default::default(),
     }))
 }

@@ -190,5 +190,6 @@ pub(super) fn load(
         norm,
         lm_head,
         rope,
+        rows: Default::default(),
     }))
 }

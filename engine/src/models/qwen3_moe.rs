@@ -245,5 +245,6 @@ pub(super) fn load(
         norm,
         lm_head,
         rope,
+        rows: Default::default(),
     }))
 }

@@ -17,6 +17,7 @@ use crate::layers::embedding::Embedding;
 use crate::layers::linear::Linear;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::{Rope, RopeAt};
+use crate::layers::rows::{self, RowParts, RowScratch, RowStep};
 
 /// One decoder layer of a family.
 pub(super) trait Layer: Send {
@@ -32,6 +33,12 @@ pub(super) trait Layer: Send {
     fn host_sync(&self) -> bool {
         false
     }
+
+    /// The layer's parts for the row path (`layers::rows`), where it has
+    /// the Llama shape; None takes the tensor path.
+    fn row_parts(&self) -> Option<RowParts<'_>> {
+        None
+    }
 }
 
 /// Embedding, layers, final RMSNorm and LM head.
@@ -43,6 +50,8 @@ pub(super) struct Decoder<L> {
     pub(super) norm: RmsNorm,
     pub(super) lm_head: Linear,
     pub(super) rope: Rope,
+    /// The row path's buffers (`layers::rows`).
+    pub(super) rows: std::sync::Mutex<RowScratch>,
 }
 
 impl<L: Layer> Model for Decoder<L> {
@@ -57,6 +66,9 @@ impl<L: Layer> Model for Decoder<L> {
     fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
         // The step's tables: by position, or (longrope) per sequence.
         let rope = self.rope.at_step(batch)?;
+        if let Some(h) = self.forward_rows(batch, pool, &rope)? {
+            return Ok(h);
+        }
         let mut x = self.embed_tokens.forward(&batch.ids)?;
         for (layer, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", layer).entered();
@@ -86,5 +98,76 @@ impl<L: Layer> Model for Decoder<L> {
             .lm_head
             .forward(hidden, &self.be)?
             .f_to_kind(tch::Kind::Float)?)
+    }
+}
+
+impl<L: Layer> Decoder<L> {
+    /// A step of decodes through the row path (`layers::rows`): None where
+    /// the step, the backend or a layer needs the tensor path.
+    fn forward_rows(
+        &self,
+        batch: &StepBatch,
+        pool: &mut KvPool,
+        rope: &RopeAt,
+    ) -> Result<Option<Tensor>, EngineError> {
+        let n = batch.n as usize;
+        let usable = |parts: Option<RowParts<'_>>| {
+            parts.is_some_and(|p| p.usable() && rope.rotates_all(p.p.head_dim))
+        };
+        if n == 0
+            || !rows::enabled()
+            || self.be.device != tch::Device::Cpu
+            || self.be.kind != tch::Kind::Float
+            || !batch.cpu_decode
+            || batch.flash.is_some()
+            || batch.graphed
+            || batch.seqs.iter().any(|s| s.len != 1)
+            || !self.layers.iter().all(|l| usable(l.row_parts()))
+        {
+            return Ok(None);
+        }
+        let (cos, sin) = rope.tables(tch::Kind::Float)?;
+        let new_slots: Vec<i64> = batch
+            .seqs
+            .iter()
+            .map(|s| s.slots.last().copied().unwrap_or(-1))
+            .collect();
+        let step = RowStep {
+            cos: crate::attn::f32_view(&cos)?,
+            sin: crate::attn::f32_view(&sin)?,
+            new_slots: &new_slots,
+        };
+        let x = self.embed_tokens.forward(&batch.ids)?;
+        let mut sc = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        sc.x.clear();
+        sc.x.extend_from_slice(crate::attn::f32_view(&x)?);
+        let hidden = sc.x.len() / n;
+        for (layer, l) in self.layers.iter().enumerate() {
+            let _span = tracing::trace_span!("layer", layer).entered();
+            let mut s = LayerStep {
+                batch,
+                be: &self.be,
+                pool: &mut *pool,
+                layer,
+            };
+            let parts = l
+                .row_parts()
+                .ok_or_else(|| EngineError::Step("row path: a layer without its parts".into()))?;
+            rows::layer(&parts, &step, &mut s, &mut sc)?;
+        }
+        let (w, eps) = self.norm.parts();
+        let w = crate::attn::f32_view(w)?;
+        let mut done = Ok(());
+        let h = crate::attn::f32_tensor_written(&[n as i64, hidden as i64], |out| {
+            // SAFETY: the fresh tensor holds n * hidden floats, referenced
+            // nowhere else until returned; the norm writes every one (or
+            // fails its checks first, and the tensor is dropped).
+            #[allow(unsafe_code)]
+            let out = unsafe { std::slice::from_raw_parts_mut(out, n * hidden) };
+            done = crate::fused::cpu::add_rms_norm_to(&sc.x, None, w, eps, out, None);
+        })?;
+        done?;
+        rows::STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(h))
     }
 }

@@ -28,6 +28,84 @@ impl QuantMatrix {
         })
     }
 
+    /// Output columns (`n` of the weight [n, k]).
+    pub(crate) fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// [`Self::forward`] of `xs` ([m, k], row-major) into `out` ([m, n]),
+    /// buffers the caller keeps from step to step (the row path,
+    /// `layers::rows`): the same tasks, so the same bits.
+    pub(crate) fn forward_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        acts: Activations,
+        workers: &crate::gemm::Workers,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        self.check_rows(xs, m, out, self.n)?;
+        if m > 0 {
+            self.matmul_to(xs, m, acts, Kernel::best(), workers, out.as_mut_ptr());
+        }
+        Ok(())
+    }
+
+    /// [`Self::forward_silu`] of `xs` into `out` ([m, inter]) through `gu`
+    /// (m * n floats of scratch): false (and nothing written) where inter
+    /// is not a whole number of groups.
+    pub(crate) fn forward_silu_to(
+        &self,
+        xs: &[f32],
+        m: usize,
+        acts: Activations,
+        workers: &crate::gemm::Workers,
+        gu: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<bool, EngineError> {
+        let inter = self.n / 2;
+        if !self.silu_fits() {
+            return Ok(false);
+        }
+        self.check_rows(xs, m, out, inter)?;
+        if gu.len() != m * self.n {
+            return Err(EngineError::Step(
+                "gate/up: scratch of the wrong size".into(),
+            ));
+        }
+        if m > 0 {
+            let (gp, op) = (gu.as_mut_ptr(), out.as_mut_ptr());
+            self.matmul_silu_to(xs, m, acts, Kernel::best(), workers, gp, op);
+        }
+        Ok(true)
+    }
+
+    /// Whether [`Self::forward_silu`] applies: the stacked weight's
+    /// halves are whole numbers of groups.
+    pub(crate) fn silu_fits(&self) -> bool {
+        let inter = self.n / 2;
+        self.n.is_multiple_of(2) && inter.is_multiple_of(NG) && inter > 0
+    }
+
+    fn check_rows(
+        &self,
+        xs: &[f32],
+        m: usize,
+        out: &[f32],
+        width: usize,
+    ) -> Result<(), EngineError> {
+        if xs.len() != m * self.k || out.len() != m * width {
+            return Err(EngineError::Step(format!(
+                "quantized linear: {} inputs and {} outputs for {m} rows of a weight [{}, {}]",
+                xs.len(),
+                out.len(),
+                self.n,
+                self.k
+            )));
+        }
+        Ok(())
+    }
+
     /// `out` [m, n] = `x` [m, k] W^T, with `kernel`'s tiles.
     #[cfg(test)]
     pub(super) fn matmul(
@@ -58,7 +136,7 @@ impl QuantMatrix {
         workers: &crate::gemm::Workers,
     ) -> Result<Option<Tensor>, EngineError> {
         let inter = self.n / 2;
-        if !self.n.is_multiple_of(2) || !inter.is_multiple_of(NG) || inter == 0 {
+        if !self.silu_fits() {
             return Ok(None);
         }
         let (x, m) = crate::gemm::input_rows(x, self.k)?;
