@@ -2,9 +2,10 @@
 //! computes, to the bit: the same greedy requests, decoded together on one
 //! engine with the row path and on another without it, give the same
 //! tokens and the same log-probabilities (every top-5 value, compared as
-//! float32 bits), on the random-weight tiny Llama (packed float32 weights)
-//! and on SmolLM2-135M-Instruct's Q4_1 GGUF (quantized weights, where the
-//! CPU keeps them so), with float32 and float16 KV caches.
+//! float32 bits), on the random-weight tiny Llama, Mistral with a sliding
+//! window and Qwen2 (packed float32 weights; Qwen2's q/k/v biases) and on
+//! SmolLM2-135M-Instruct's Q4_1 GGUF (quantized weights, where the CPU
+//! keeps them so), with float32 and float16 KV caches.
 //!
 //! One test in its own binary: the switch is process-wide.
 
@@ -15,11 +16,11 @@ use gyre_engine::{
     DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype, Sampling,
 };
 
-fn tiny_llama() -> PathBuf {
+fn tiny(name: &str) -> PathBuf {
     std::env::var_os("GYRE_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.gyre/models"))
-        .join("tiny-llama")
+        .join(name)
 }
 
 fn smollm2_gguf() -> PathBuf {
@@ -104,7 +105,15 @@ fn run(model: &PathBuf, kv: KvCacheDtype, rows: bool, vocab: u32) -> Run {
 #[test]
 fn the_row_path_decodes_exactly_as_the_tensor_path() {
     for (name, model, vocab) in [
-        ("tiny Llama", tiny_llama(), 32_000),
+        ("tiny Llama", tiny("tiny-llama"), 32_000),
+        // A 24-token sliding window: the longer requests outgrow it.
+        (
+            "tiny Mistral (sliding window)",
+            tiny("tiny-mistral-sw"),
+            32_000,
+        ),
+        // q/k/v biases.
+        ("tiny Qwen2", tiny("tiny-qwen2"), 151_000),
         ("SmolLM2 Q4_1", smollm2_gguf(), 49_152),
     ] {
         for kv in [KvCacheDtype::Auto, KvCacheDtype::Float16] {

@@ -16,6 +16,7 @@ use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::{Rope, RopeAt};
+use crate::layers::rows::RowParts;
 use crate::layers::weights::Weights;
 
 /// What this family reads beyond the shared config.
@@ -111,6 +112,23 @@ impl Layer for DecoderLayer {
         let x = x.f_add(&self.self_attn.forward(&h, rope, s)?)?;
         let h = self.post_attention_layernorm.forward(&x)?;
         Ok(x.f_add(&self.mlp.forward(&h, s.be)?)?)
+    }
+
+    /// The Llama shape with q/k/v biases: the residual add then the norm
+    /// is the fused add-and-norm's arithmetic (one float32 addition per
+    /// element, then the same norm), and rotating q and k with libtorch
+    /// gives the fused rotary pass's bits.
+    fn row_parts(&self) -> Option<RowParts<'_>> {
+        let (gate_up, down) = self.mlp.silu_parts()?;
+        Some(RowParts {
+            input_norm: &self.input_layernorm,
+            qkv: &self.self_attn.qkv,
+            o: &self.self_attn.o,
+            p: &self.self_attn.p,
+            post_norm: &self.post_attention_layernorm,
+            gate_up,
+            down,
+        })
     }
 }
 
