@@ -3,9 +3,10 @@
 //! engine with the row path and on another without it, give the same
 //! tokens and the same log-probabilities (every top-5 value, compared as
 //! float32 bits), on the random-weight tiny Llama, Mistral with a sliding
-//! window and Qwen2 (packed float32 weights; Qwen2's q/k/v biases) and on
-//! SmolLM2-135M-Instruct's Q4_1 GGUF (quantized weights, where the CPU
-//! keeps them so), with float32 and float16 KV caches.
+//! window, Qwen2 (q/k/v biases) and Gemma 3 (packed float32 weights) and
+//! on SmolLM2-135M-Instruct's Q4_1 and Gemma 3 270M's Q4_K_M GGUFs
+//! (quantized weights, where the CPU keeps them so), with float32 and
+//! float16 KV caches.
 //!
 //! One test in its own binary: the switch is process-wide.
 
@@ -23,11 +24,12 @@ fn tiny(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn smollm2_gguf() -> PathBuf {
+/// A GGUF named by a reference manifest (`sub` of `.gyre/gguf-ref`).
+fn gguf(sub: &str) -> PathBuf {
     let refs = std::env::var_os("GYRE_GGUF_REF")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.gyre/gguf-ref"));
-    let p = refs.join("manifest.json");
+    let p = refs.join(sub).join("manifest.json");
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
         panic!(
             "{}: {e}; make the references first: `make models`",
@@ -114,7 +116,12 @@ fn the_row_path_decodes_exactly_as_the_tensor_path() {
         ),
         // q/k/v biases.
         ("tiny Qwen2", tiny("tiny-qwen2"), 151_000),
-        ("SmolLM2 Q4_1", smollm2_gguf(), 49_152),
+        ("SmolLM2 Q4_1", gguf(""), 49_152),
+        // Gemma 3: four norms a layer, q/k head norms, GeGLU, sliding
+        // layers with their own rotary tables; random f32 weights, then
+        // the real 270M's Q4_K_M blocks.
+        ("tiny Gemma 3", tiny("tiny-gemma3"), 32_000),
+        ("Gemma 3 Q4_K_M", gguf("gemma3"), 262_000),
     ] {
         for kv in [KvCacheDtype::Auto, KvCacheDtype::Float16] {
             let before = row_path_steps();

@@ -106,8 +106,7 @@ pub(crate) fn head_norms(
 ) -> Result<Tensor, EngineError> {
     let (_, width) = rows_of(qkv);
     let (xs, qw, kw) = (f32_view(qkv)?, f32_view(q_w)?, f32_view(k_w)?);
-    let [h, kvh, hd] = [heads, kv_heads, head_dim].map(|v| v.max(0) as usize);
-    if width != (h + 2 * kvh) * hd || qw.len() != hd || kw.len() != hd {
+    if width as i64 != (heads + 2 * kv_heads) * head_dim {
         return Err(EngineError::Step("head_norms: shapes do not agree".into()));
     }
     let out = Tensor::f_empty(qkv.size().as_slice(), (Kind::Float, tch::Device::Cpu))?;
@@ -116,10 +115,36 @@ pub(crate) fn head_norms(
     }
     #[allow(unsafe_code)]
     // SAFETY: `out` is a fresh contiguous float32 CPU tensor of qkv's shape
-    // (xs.len() > 0 elements), referenced nowhere else until returned; every
-    // element is written below (the norms write their heads', the values
-    // are copied).
+    // (xs.len() > 0 elements), referenced nowhere else until returned;
+    // `head_norms_to` writes every element (or fails its checks first).
     let os = unsafe { std::slice::from_raw_parts_mut(out.data_ptr().cast::<f32>(), xs.len()) };
+    head_norms_to(xs, qw, kw, heads, kv_heads, head_dim, eps, os)?;
+    Ok(out)
+}
+
+/// [`head_norms`] over slices (the row path, `layers::rows`): `xs` rows of
+/// (heads + 2 kv_heads) x head_dim into `os`, the same shape.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head_norms_to(
+    xs: &[f32],
+    qw: &[f32],
+    kw: &[f32],
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    eps: f64,
+    os: &mut [f32],
+) -> Result<(), EngineError> {
+    let [h, kvh, hd] = [heads, kv_heads, head_dim].map(|v| v.max(0) as usize);
+    let width = (h + 2 * kvh) * hd;
+    if width == 0
+        || !xs.len().is_multiple_of(width)
+        || os.len() != xs.len()
+        || qw.len() != hd
+        || kw.len() != hd
+    {
+        return Err(EngineError::Step("head_norms: shapes do not agree".into()));
+    }
     for (x, o) in xs.chunks_exact(width).zip(os.chunks_exact_mut(width)) {
         let (q_end, k_end) = (h * hd, (h + kvh) * hd);
         for (span, ws, n) in [(0..q_end, qw, h), (q_end..k_end, kw, kvh)] {
@@ -134,7 +159,7 @@ pub(crate) fn head_norms(
         }
         o[k_end..].copy_from_slice(&x[k_end..]);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// [`norm_rows`] with the widest SIMD build this CPU runs.

@@ -125,8 +125,20 @@ impl GatedMlp {
         {
             return self.down.forward(&a, be);
         }
+        self.down.forward(&self.act_mul(&gu)?, be)
+    }
+
+    /// `act(gate) * up` of a stacked product `gu` [N, 2 * inter], as
+    /// libtorch ops (the tensor path and, for GeGLU, the row path).
+    pub fn act_mul(&self, gu: &Tensor) -> Result<Tensor, EngineError> {
         let g = self.act.forward(&gu.f_narrow(1, 0, self.inter)?)?;
         let u = gu.f_narrow(1, self.inter, self.inter)?;
-        self.down.forward(&g.f_mul(&u)?, be)
+        Ok(g.f_mul(&u)?)
+    }
+
+    /// The stacked gate/up and the down projection of any activation
+    /// (GeGLU's row path runs the activation through [`Self::act_mul`]).
+    pub fn parts(&self) -> (&Linear, &Linear) {
+        (&self.gate_up, &self.down)
     }
 }

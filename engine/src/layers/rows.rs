@@ -19,10 +19,14 @@
 //! compare); steps with a prompt or a chunk of one, and layers or
 //! backends the path does not cover, take the tensor path.
 
+use tch::Tensor;
+
 use super::Backend;
 use super::attention::{AttnParams, LayerStep};
+use super::batch::StepBatch;
 use super::linear::Linear;
-use super::norm::RmsNorm;
+use super::mlp::GatedMlp;
+use super::norm::{GemmaRmsNorm, RmsNorm};
 use crate::EngineError;
 use crate::attn::{self, DecodeSeq, Heads};
 
@@ -42,8 +46,11 @@ pub(crate) struct RowScratch {
     o: Vec<f32>,
     /// SwiGLU's activation [n, inter].
     act: Vec<f32>,
-    /// A quantized gate/up product's gate and up halves.
+    /// A gate/up product's gate and up halves.
     gu: Vec<f32>,
+    /// Gemma: the head-normed q/k/v, and a norm's output to add.
+    normed: Vec<f32>,
+    delta: Vec<f32>,
 }
 
 /// A layer's parts as the row path runs them.
@@ -71,6 +78,21 @@ pub(crate) struct RowStep<'a> {
     pub cos: &'a [f32],
     pub sin: &'a [f32],
     pub new_slots: &'a [i64],
+}
+
+impl<'a> RowStep<'a> {
+    /// From a step's rotary tables (float32, [n, 1, head_dim]).
+    pub fn new(
+        cos: &'a Tensor,
+        sin: &'a Tensor,
+        new_slots: &'a [i64],
+    ) -> Result<Self, EngineError> {
+        Ok(Self {
+            cos: attn::f32_view(cos)?,
+            sin: attn::f32_view(sin)?,
+            new_slots,
+        })
+    }
 }
 
 /// Whether the row path is on: not turned off by `GYRE_ROW_PATH=0` or
@@ -101,6 +123,46 @@ pub fn set_enabled(on: bool) {
     SET.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether a step can take the row path on `be`: it is on, the backend is
+/// a float32 CPU, and every sequence decodes one token.
+pub(crate) fn step_fits(batch: &StepBatch, be: &Backend) -> bool {
+    batch.n > 0
+        && enabled()
+        && be.device == tch::Device::Cpu
+        && be.kind == tch::Kind::Float
+        && batch.cpu_decode
+        && batch.flash.is_none()
+        && !batch.graphed
+        && batch.seqs.iter().all(|s| s.len == 1)
+}
+
+/// Where each decode's key and value go in the pool: its last slot.
+pub(crate) fn new_slots(batch: &StepBatch) -> Vec<i64> {
+    batch
+        .seqs
+        .iter()
+        .map(|s| s.slots.last().copied().unwrap_or(-1))
+        .collect()
+}
+
+/// The final norm of the residual `x` ([n, hidden]) into a new tensor,
+/// and the step counted.
+pub(crate) fn final_norm(x: &[f32], n: usize, w: &[f32], eps: f64) -> Result<Tensor, EngineError> {
+    let hidden = x.len() / n.max(1);
+    let mut done = Ok(());
+    let h = attn::f32_tensor_written(&[n as i64, hidden as i64], |out| {
+        // SAFETY: the fresh tensor holds n * hidden floats, referenced
+        // nowhere else until returned; the norm writes every one (or fails
+        // its checks first, and the tensor is dropped).
+        #[allow(unsafe_code)]
+        let out = unsafe { std::slice::from_raw_parts_mut(out, n * hidden) };
+        done = crate::fused::cpu::add_rms_norm_to(x, None, w, eps, out, None);
+    })?;
+    done?;
+    STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(h)
+}
+
 /// Resizes `v` to `len` floats (values left over from an earlier step
 /// are overwritten before they are read).
 fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -119,7 +181,7 @@ pub(crate) fn layer(
     let p = parts.p;
     let n = step.new_slots.len();
     let hidden = sc.x.len() / n.max(1);
-    let (heads, kvh, hd) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
+    let (heads, hd) = (p.heads as usize, p.head_dim as usize);
     let (w_in, eps_in) = parts.input_norm.parts();
     let h = sized(&mut sc.h, n * hidden);
     crate::fused::cpu::add_rms_norm_to(&sc.x, None, attn::f32_view(w_in)?, eps_in, h, None)?;
@@ -139,35 +201,13 @@ pub(crate) fn layer(
         p.head_dim,
         q,
     )?;
-    let first_visible = |start: i64| p.window.map_or(0, |w| (start - w + 1).max(0) as usize);
-    let decodes: Vec<DecodeSeq<'_>> = s
-        .batch
-        .seqs
-        .iter()
-        .map(|q| DecodeSeq {
-            row: q.row,
-            slots: &q.slots[first_visible(q.start)..],
-        })
-        .collect();
-    let heads_of = Heads {
-        heads,
-        kv_heads: kvh,
-        head_dim: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-        softcap: None,
-    };
-    let att = sized(&mut sc.att, n * heads * hd);
-    let workers = Some(&be.pool);
-    if kc.kind() == tch::Kind::Half {
-        let (ks, vs) = (
-            attn::kv_view::<half::f16>(kc)?,
-            attn::kv_view::<half::f16>(vc)?,
-        );
-        attn::decode_into(&sc.q, ks, vs, &decodes, heads_of, workers, att);
-    } else {
-        let (ks, vs) = (attn::kv_view::<f32>(kc)?, attn::kv_view::<f32>(vc)?);
-        attn::decode_into(&sc.q, ks, vs, &decodes, heads_of, workers, att);
-    }
+    attend(
+        s,
+        p,
+        1.0 / (hd as f32).sqrt(),
+        &sc.q,
+        sized(&mut sc.att, n * heads * hd),
+    )?;
     let o = sized(&mut sc.o, n * hidden);
     parts.o.forward_to(&sc.att, n, o, be)?;
     let (w_post, eps_post) = parts.post_norm.parts();
@@ -188,6 +228,177 @@ pub(crate) fn layer(
     parts.down.forward_to(&sc.act, n, &mut sc.o, be)?;
     // As libtorch's `x + mlp`: one float32 addition per element.
     for (x, &d) in sc.x.iter_mut().zip(&sc.o) {
+        *x += d;
+    }
+    Ok(())
+}
+
+/// Each row's attention over its sequence's keys and values in the pool
+/// (those in `p`'s window), scaled by `scale`, into `att`.
+fn attend(
+    s: &LayerStep<'_>,
+    p: &AttnParams,
+    scale: f32,
+    q: &[f32],
+    att: &mut [f32],
+) -> Result<(), EngineError> {
+    let first_visible = |start: i64| p.window.map_or(0, |w| (start - w + 1).max(0) as usize);
+    let decodes: Vec<DecodeSeq<'_>> = s
+        .batch
+        .seqs
+        .iter()
+        .map(|q| DecodeSeq {
+            row: q.row,
+            slots: &q.slots[first_visible(q.start)..],
+        })
+        .collect();
+    let heads = Heads {
+        heads: p.heads as usize,
+        kv_heads: p.kv_heads as usize,
+        head_dim: p.head_dim as usize,
+        scale,
+        softcap: None,
+    };
+    let (kc, vc) = s.pool.layer(s.layer);
+    let workers = Some(&s.be.pool);
+    if kc.kind() == tch::Kind::Half {
+        let (ks, vs) = (
+            attn::kv_view::<half::f16>(kc)?,
+            attn::kv_view::<half::f16>(vc)?,
+        );
+        attn::decode_into(q, ks, vs, &decodes, heads, workers, att);
+    } else {
+        let (ks, vs) = (attn::kv_view::<f32>(kc)?, attn::kv_view::<f32>(vc)?);
+        attn::decode_into(q, ks, vs, &decodes, heads, workers, att);
+    }
+    Ok(())
+}
+
+/// A Gemma 3 layer's parts as the row path runs them.
+pub(crate) struct GemmaRowParts<'a> {
+    pub input_norm: &'a GemmaRmsNorm,
+    pub qkv: &'a Linear,
+    pub q_norm: &'a GemmaRmsNorm,
+    pub k_norm: &'a GemmaRmsNorm,
+    pub o: &'a Linear,
+    pub p: &'a AttnParams,
+    /// The attention logits' scale (`query_pre_attn_scalar^-0.5`).
+    pub scale: f32,
+    pub post_attn_norm: &'a GemmaRmsNorm,
+    pub pre_ff_norm: &'a GemmaRmsNorm,
+    pub mlp: &'a GatedMlp,
+    pub post_ff_norm: &'a GemmaRmsNorm,
+}
+
+impl GemmaRowParts<'_> {
+    /// Whether every product has a row-path kernel.
+    pub fn usable(&self) -> bool {
+        let (gate_up, down) = self.mlp.parts();
+        self.qkv.rows_ok() && self.o.rows_ok() && gate_up.rows_ok() && down.rows_ok()
+    }
+}
+
+/// The norm of each row of `xs` (+ `ds`, the sum into `sum`) with a
+/// Gemma norm's `1 + w`.
+fn gemma_norm(
+    norm: &GemmaRmsNorm,
+    xs: &[f32],
+    ds: Option<&[f32]>,
+    h: &mut [f32],
+    sum: Option<&mut [f32]>,
+) -> Result<(), EngineError> {
+    let (w, eps) = norm.parts();
+    crate::fused::cpu::add_rms_norm_to(xs, ds, attn::f32_view(w)?, eps, h, sum)
+}
+
+/// One Gemma 3 decoder layer over `sc.x` (every row a decode), in place:
+/// the same ops as `models/gemma3.rs`'s, GeGLU's activation through the
+/// same libtorch ops over the gate/up buffer.
+pub(crate) fn gemma_layer(
+    parts: &GemmaRowParts<'_>,
+    step: &RowStep<'_>,
+    s: &mut LayerStep<'_>,
+    sc: &mut RowScratch,
+) -> Result<(), EngineError> {
+    let be: &Backend = s.be;
+    let p = parts.p;
+    let n = step.new_slots.len();
+    let hidden = sc.x.len() / n.max(1);
+    let (heads, hd) = (p.heads as usize, p.head_dim as usize);
+    gemma_norm(
+        parts.input_norm,
+        &sc.x,
+        None,
+        sized(&mut sc.h, n * hidden),
+        None,
+    )?;
+    let width = parts.qkv.out_features();
+    parts
+        .qkv
+        .forward_to(&sc.h, n, sized(&mut sc.qkv, n * width), be)?;
+    let ((qw, eps), (kw, _)) = (parts.q_norm.parts(), parts.k_norm.parts());
+    crate::fused::cpu::head_norms_to(
+        &sc.qkv,
+        attn::f32_view(qw)?,
+        attn::f32_view(kw)?,
+        p.heads,
+        p.kv_heads,
+        p.head_dim,
+        eps,
+        sized(&mut sc.normed, n * width),
+    )?;
+    let (kc, vc) = s.pool.layer(s.layer);
+    crate::fused::cpu::rope_kv_to(
+        &sc.normed,
+        step.cos,
+        step.sin,
+        step.new_slots,
+        kc,
+        vc,
+        p.heads,
+        p.kv_heads,
+        p.head_dim,
+        sized(&mut sc.q, n * heads * hd),
+    )?;
+    attend(s, p, parts.scale, &sc.q, sized(&mut sc.att, n * heads * hd))?;
+    parts
+        .o
+        .forward_to(&sc.att, n, sized(&mut sc.o, n * hidden), be)?;
+    let delta = sized(&mut sc.delta, n * hidden);
+    gemma_norm(parts.post_attn_norm, &sc.o, None, delta, None)?;
+    let sum = sized(&mut sc.sum, n * hidden);
+    gemma_norm(
+        parts.pre_ff_norm,
+        &sc.x,
+        Some(&sc.delta),
+        &mut sc.h,
+        Some(sum),
+    )?;
+    std::mem::swap(&mut sc.x, &mut sc.sum);
+    let (gate_up, down) = parts.mlp.parts();
+    let two_inter = gate_up.out_features();
+    let gu = sized(&mut sc.gu, n * two_inter);
+    gate_up.forward_to(&sc.h, n, gu, be)?;
+    let act = {
+        #[allow(unsafe_code)]
+        // SAFETY: `sc.gu` holds n * two_inter initialised floats, row-major,
+        // and is neither moved nor written while `gu_t` lives (to the end
+        // of this block); `act_mul` returns new tensors of its own.
+        let gu_t = unsafe {
+            tch::Tensor::from_blob(
+                sc.gu.as_ptr().cast::<u8>(),
+                &[n as i64, two_inter as i64],
+                &[two_inter as i64, 1],
+                tch::Kind::Float,
+                tch::Device::Cpu,
+            )
+        };
+        parts.mlp.act_mul(&gu_t)?
+    };
+    down.forward_to(attn::f32_view(&act)?, n, &mut sc.o, be)?;
+    gemma_norm(parts.post_ff_norm, &sc.o, None, &mut sc.delta, None)?;
+    // As libtorch's `x + delta`: one float32 addition per element.
+    for (x, &d) in sc.x.iter_mut().zip(&sc.delta) {
         *x += d;
     }
     Ok(())

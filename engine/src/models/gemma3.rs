@@ -26,6 +26,7 @@ use crate::layers::linear::{Linear, lm_head};
 use crate::layers::mlp::{Act, GatedMlp};
 use crate::layers::norm::GemmaRmsNorm;
 use crate::layers::rope::{Rope, RopeAt};
+use crate::layers::rows::{self, GemmaRowParts, RowScratch, RowStep};
 use crate::layers::weights::Weights;
 
 /// What this family reads beyond the shared config.
@@ -239,6 +240,24 @@ impl DecoderLayer {
         let h = self.mlp.forward(&h, s.be)?;
         Ok(x.f_add(&self.post_feedforward_layernorm.forward(&h)?)?)
     }
+
+    fn row_parts(&self) -> GemmaRowParts<'_> {
+        let a = &self.self_attn;
+        let hd = a.p.head_dim as f32;
+        GemmaRowParts {
+            input_norm: &self.input_layernorm,
+            qkv: &a.qkv,
+            q_norm: &a.q_norm,
+            k_norm: &a.k_norm,
+            o: &a.o,
+            p: &a.p,
+            scale: a.logits.scale.map_or(1.0 / hd.sqrt(), |s| s as f32),
+            post_attn_norm: &self.post_attention_layernorm,
+            pre_ff_norm: &self.pre_feedforward_layernorm,
+            mlp: &self.mlp,
+            post_ff_norm: &self.post_feedforward_layernorm,
+        }
+    }
 }
 
 struct Gemma3 {
@@ -253,6 +272,8 @@ struct Gemma3 {
     global_rope: Rope,
     local_rope: Rope,
     final_softcap: Option<f64>,
+    /// The row path's buffers (`layers::rows`).
+    rows: std::sync::Mutex<RowScratch>,
 }
 
 pub(super) fn load(
@@ -303,6 +324,7 @@ pub(super) fn load(
         global_rope,
         local_rope,
         final_softcap: gc.final_softcap,
+        rows: Default::default(),
         cfg,
         be,
     }))
@@ -337,6 +359,9 @@ impl Model for Gemma3 {
     fn forward_batch(&self, batch: &StepBatch, pool: &mut KvPool) -> Result<Tensor, EngineError> {
         let global = self.global_rope.at(&batch.pos)?;
         let local = self.local_rope.at(&batch.pos)?;
+        if let Some(h) = self.forward_rows(batch, pool, &global, &local)? {
+            return Ok(h);
+        }
         let mut x = self
             .embed_tokens
             .forward(&batch.ids)?
@@ -356,5 +381,52 @@ impl Model for Gemma3 {
 
     fn logits(&self, hidden: &Tensor) -> Result<Tensor, EngineError> {
         soft_cap(self.lm_head.forward(hidden, &self.be)?, self.final_softcap)
+    }
+}
+
+impl Gemma3 {
+    /// A step of decodes through the row path (`layers::rows`): None where
+    /// the step or the backend needs the tensor path.
+    fn forward_rows(
+        &self,
+        batch: &StepBatch,
+        pool: &mut KvPool,
+        global: &RopeAt,
+        local: &RopeAt,
+    ) -> Result<Option<Tensor>, EngineError> {
+        let n = batch.n as usize;
+        let hd = self.cfg.head_dim;
+        if !rows::step_fits(batch, &self.be)
+            || !global.rotates_all(hd)
+            || !local.rotates_all(hd)
+            || !self.layers.iter().all(|l| l.row_parts().usable())
+        {
+            return Ok(None);
+        }
+        let new_slots = rows::new_slots(batch);
+        let tables = |r: &RopeAt| r.tables(Kind::Float);
+        let ((gc, gs), (lc, ls)) = (tables(global)?, tables(local)?);
+        let global_step = RowStep::new(&gc, &gs, &new_slots)?;
+        let local_step = RowStep::new(&lc, &ls, &new_slots)?;
+        let x = self
+            .embed_tokens
+            .forward(&batch.ids)?
+            .f_mul(&self.embed_scale)?;
+        let mut sc = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        sc.x.clear();
+        sc.x.extend_from_slice(crate::attn::f32_view(&x)?);
+        for (layer, l) in self.layers.iter().enumerate() {
+            let _span = tracing::trace_span!("layer", layer).entered();
+            let mut s = LayerStep {
+                batch,
+                be: &self.be,
+                pool: &mut *pool,
+                layer,
+            };
+            let step = if l.sliding { &local_step } else { &global_step };
+            rows::gemma_layer(&l.row_parts(), step, &mut s, &mut sc)?;
+        }
+        let (w, eps) = self.norm.parts();
+        rows::final_norm(&sc.x, n, crate::attn::f32_view(w)?, eps).map(Some)
     }
 }

@@ -114,34 +114,16 @@ impl<L: Layer> Decoder<L> {
         let usable = |parts: Option<RowParts<'_>>| {
             parts.is_some_and(|p| p.usable() && rope.rotates_all(p.p.head_dim))
         };
-        if n == 0
-            || !rows::enabled()
-            || self.be.device != tch::Device::Cpu
-            || self.be.kind != tch::Kind::Float
-            || !batch.cpu_decode
-            || batch.flash.is_some()
-            || batch.graphed
-            || batch.seqs.iter().any(|s| s.len != 1)
-            || !self.layers.iter().all(|l| usable(l.row_parts()))
-        {
+        if !rows::step_fits(batch, &self.be) || !self.layers.iter().all(|l| usable(l.row_parts())) {
             return Ok(None);
         }
         let (cos, sin) = rope.tables(tch::Kind::Float)?;
-        let new_slots: Vec<i64> = batch
-            .seqs
-            .iter()
-            .map(|s| s.slots.last().copied().unwrap_or(-1))
-            .collect();
-        let step = RowStep {
-            cos: crate::attn::f32_view(&cos)?,
-            sin: crate::attn::f32_view(&sin)?,
-            new_slots: &new_slots,
-        };
+        let new_slots = rows::new_slots(batch);
+        let step = RowStep::new(&cos, &sin, &new_slots)?;
         let x = self.embed_tokens.forward(&batch.ids)?;
         let mut sc = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         sc.x.clear();
         sc.x.extend_from_slice(crate::attn::f32_view(&x)?);
-        let hidden = sc.x.len() / n;
         for (layer, l) in self.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", layer).entered();
             let mut s = LayerStep {
@@ -156,18 +138,6 @@ impl<L: Layer> Decoder<L> {
             rows::layer(&parts, &step, &mut s, &mut sc)?;
         }
         let (w, eps) = self.norm.parts();
-        let w = crate::attn::f32_view(w)?;
-        let mut done = Ok(());
-        let h = crate::attn::f32_tensor_written(&[n as i64, hidden as i64], |out| {
-            // SAFETY: the fresh tensor holds n * hidden floats, referenced
-            // nowhere else until returned; the norm writes every one (or
-            // fails its checks first, and the tensor is dropped).
-            #[allow(unsafe_code)]
-            let out = unsafe { std::slice::from_raw_parts_mut(out, n * hidden) };
-            done = crate::fused::cpu::add_rms_norm_to(&sc.x, None, w, eps, out, None);
-        })?;
-        done?;
-        rows::STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Some(h))
+        rows::final_norm(&sc.x, n, crate::attn::f32_view(w)?, eps).map(Some)
     }
 }
