@@ -236,13 +236,32 @@ pub(crate) fn decode_pool(
     workers: Option<&crate::workers::Workers>,
 ) -> Result<Tensor, EngineError> {
     let shape = [seqs.len() as i64, h.heads as i64, h.head_dim as i64];
+    let mut done = Ok(());
+    let out = f32_tensor(&shape, |out| {
+        done = decode_pool_into(q, k, v, seqs, h, workers, out);
+    })?;
+    done.map(|()| out)
+}
+
+/// [`decode_pool`] into `out` (seqs.len() * heads * head_dim floats; the
+/// row path's buffer).
+pub(crate) fn decode_pool_into(
+    q: &[f32],
+    k: &Tensor,
+    v: &Tensor,
+    seqs: &[DecodeSeq<'_>],
+    h: Heads,
+    workers: Option<&crate::workers::Workers>,
+    out: &mut [f32],
+) -> Result<(), EngineError> {
     if k.kind() == Kind::Half {
         let (ks, vs) = (kv_view::<half::f16>(k)?, kv_view::<half::f16>(v)?);
-        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
+        decode_into(q, ks, vs, seqs, h, workers, out);
     } else {
         let (ks, vs) = (kv_view::<f32>(k)?, kv_view::<f32>(v)?);
-        f32_tensor(&shape, |out| decode_into(q, ks, vs, seqs, h, workers, out))
+        decode_into(q, ks, vs, seqs, h, workers, out);
     }
+    Ok(())
 }
 
 /// [`decode`] into `out` (seqs.len() * heads * head_dim floats).

@@ -53,6 +53,39 @@ impl AttnLogits {
     fn is_default(&self) -> bool {
         self.scale.is_none() && self.softcap.is_none()
     }
+
+    /// The CPU decode kernel's shapes and logits for `p`: the scale given,
+    /// else `head_dim^-0.5`.
+    pub(crate) fn decode_heads(&self, p: &AttnParams) -> attn::Heads {
+        attn::Heads {
+            heads: p.heads as usize,
+            kv_heads: p.kv_heads as usize,
+            head_dim: p.head_dim as usize,
+            scale: self
+                .scale
+                .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
+            softcap: self.softcap.map(|c| c as f32),
+        }
+    }
+}
+
+/// The first position a query at `start` sees: 0, or the start of its
+/// window.
+fn first_visible(p: &AttnParams, start: i64) -> usize {
+    p.window.map_or(0, |w| (start - w + 1).max(0) as usize)
+}
+
+/// The step's decodes (one new token) for the CPU decode kernel, each
+/// with the pool slots its window sees.
+pub(crate) fn decode_seqs<'a>(b: &'a StepBatch, p: &AttnParams) -> Vec<attn::DecodeSeq<'a>> {
+    b.seqs
+        .iter()
+        .filter(|s| s.len == 1)
+        .map(|s| attn::DecodeSeq {
+            row: s.row,
+            slots: &s.slots[first_visible(p, s.start)..],
+        })
+        .collect()
 }
 
 /// What one layer's forward needs besides its input: the step, the
@@ -187,17 +220,9 @@ fn attend_stored(
         ));
     }
     // The first position a sequence's first new query sees.
-    let first_visible =
-        |start: i64| -> usize { p.window.map_or(0, |w| (start - w + 1).max(0) as usize) };
-    let decodes: Vec<attn::DecodeSeq<'_>> = if b.cpu_decode {
-        b.seqs
-            .iter()
-            .filter(|s| s.len == 1)
-            .map(|s| attn::DecodeSeq {
-                row: s.row,
-                slots: &s.slots[first_visible(s.start)..],
-            })
-            .collect()
+    let first_visible = |start: i64| first_visible(p, start);
+    let decodes = if b.cpu_decode {
+        decode_seqs(b, p)
     } else {
         Vec::new()
     };
@@ -206,21 +231,12 @@ fn attend_stored(
     } else {
         let qc = q.f_contiguous()?;
         let (kc, vc) = pool.layer(li);
-        let heads = attn::Heads {
-            heads: p.heads as usize,
-            kv_heads: p.kv_heads as usize,
-            head_dim: p.head_dim as usize,
-            scale: lg
-                .scale
-                .map_or(1.0 / (p.head_dim as f32).sqrt(), |s| s as f32),
-            softcap: lg.softcap.map(|c| c as f32),
-        };
         let d = attn::decode_pool(
             attn::f32_view(&qc)?,
             kc,
             vc,
             &decodes,
-            heads,
+            lg.decode_heads(p),
             Some(&be.pool),
         )?;
         // Only decodes (the common step): the kernel's output is it.

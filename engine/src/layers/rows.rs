@@ -22,13 +22,14 @@
 use tch::Tensor;
 
 use super::Backend;
-use super::attention::{AttnParams, LayerStep};
+use super::attention::{AttnLogits, AttnParams, LayerStep, decode_seqs};
 use super::batch::StepBatch;
 use super::linear::Linear;
 use super::mlp::GatedMlp;
 use super::norm::{GemmaRmsNorm, RmsNorm};
 use crate::EngineError;
-use crate::attn::{self, DecodeSeq, Heads};
+use crate::attn;
+use crate::kv::KvPool;
 
 /// Buffers of one step's rows, grown to the largest step seen and kept.
 #[derive(Default)]
@@ -145,9 +146,39 @@ pub(crate) fn new_slots(batch: &StepBatch) -> Vec<i64> {
         .collect()
 }
 
+/// A step of decodes from its embedded rows `x` ([n, hidden]) through
+/// `layers` layers (`layer(i, step, scratch)` runs layer i over
+/// `scratch.x`) and the final RMSNorm `(w, eps)`, into a new tensor.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    scratch: &std::sync::Mutex<RowScratch>,
+    x: &Tensor,
+    batch: &StepBatch,
+    pool: &mut KvPool,
+    be: &Backend,
+    layers: usize,
+    (w, eps): (&Tensor, f64),
+    mut layer: impl FnMut(usize, &mut LayerStep<'_>, &mut RowScratch) -> Result<(), EngineError>,
+) -> Result<Tensor, EngineError> {
+    let mut sc = scratch.lock().unwrap_or_else(|e| e.into_inner());
+    sc.x.clear();
+    sc.x.extend_from_slice(attn::f32_view(x)?);
+    for i in 0..layers {
+        let _span = tracing::trace_span!("layer", layer = i).entered();
+        let mut s = LayerStep {
+            batch,
+            be,
+            pool: &mut *pool,
+            layer: i,
+        };
+        layer(i, &mut s, &mut sc)?;
+    }
+    final_norm(&sc.x, batch.n as usize, attn::f32_view(w)?, eps)
+}
+
 /// The final norm of the residual `x` ([n, hidden]) into a new tensor,
 /// and the step counted.
-pub(crate) fn final_norm(x: &[f32], n: usize, w: &[f32], eps: f64) -> Result<Tensor, EngineError> {
+fn final_norm(x: &[f32], n: usize, w: &[f32], eps: f64) -> Result<Tensor, EngineError> {
     let hidden = x.len() / n.max(1);
     let mut done = Ok(());
     let h = attn::f32_tensor_written(&[n as i64, hidden as i64], |out| {
@@ -187,27 +218,9 @@ pub(crate) fn layer(
     crate::fused::cpu::add_rms_norm_to(&sc.x, None, attn::f32_view(w_in)?, eps_in, h, None)?;
     let qkv = sized(&mut sc.qkv, n * parts.qkv.out_features());
     parts.qkv.forward_to(&sc.h, n, qkv, be)?;
-    let (kc, vc) = s.pool.layer(s.layer);
-    let q = sized(&mut sc.q, n * heads * hd);
-    crate::fused::cpu::rope_kv_to(
-        &sc.qkv,
-        step.cos,
-        step.sin,
-        step.new_slots,
-        kc,
-        vc,
-        p.heads,
-        p.kv_heads,
-        p.head_dim,
-        q,
-    )?;
-    attend(
-        s,
-        p,
-        1.0 / (hd as f32).sqrt(),
-        &sc.q,
-        sized(&mut sc.att, n * heads * hd),
-    )?;
+    let lg = AttnLogits::default();
+    let (q, att) = (&mut sc.q, sized(&mut sc.att, n * heads * hd));
+    attend(s, p, &lg, step, &sc.qkv, q, att)?;
     let o = sized(&mut sc.o, n * hidden);
     parts.o.forward_to(&sc.att, n, o, be)?;
     let (w_post, eps_post) = parts.post_norm.parts();
@@ -233,45 +246,37 @@ pub(crate) fn layer(
     Ok(())
 }
 
-/// Each row's attention over its sequence's keys and values in the pool
-/// (those in `p`'s window), scaled by `scale`, into `att`.
+/// Rotates the query and key heads of `qkv` ([n, (heads + 2 kv_heads) x
+/// head_dim]) with `step`'s tables, writes keys and values into the pool
+/// layer, and each row's attention over its sequence's keys and values
+/// there (those in `p`'s window), with `lg`'s logits, into `att`: the
+/// tensor path's passes and decode kernel, `q` the rotated queries.
 fn attend(
     s: &LayerStep<'_>,
     p: &AttnParams,
-    scale: f32,
-    q: &[f32],
+    lg: &AttnLogits,
+    step: &RowStep<'_>,
+    qkv: &[f32],
+    q: &mut Vec<f32>,
     att: &mut [f32],
 ) -> Result<(), EngineError> {
-    let first_visible = |start: i64| p.window.map_or(0, |w| (start - w + 1).max(0) as usize);
-    let decodes: Vec<DecodeSeq<'_>> = s
-        .batch
-        .seqs
-        .iter()
-        .map(|q| DecodeSeq {
-            row: q.row,
-            slots: &q.slots[first_visible(q.start)..],
-        })
-        .collect();
-    let heads = Heads {
-        heads: p.heads as usize,
-        kv_heads: p.kv_heads as usize,
-        head_dim: p.head_dim as usize,
-        scale,
-        softcap: None,
-    };
     let (kc, vc) = s.pool.layer(s.layer);
+    let q = sized(q, step.new_slots.len() * (p.heads * p.head_dim) as usize);
+    crate::fused::cpu::rope_kv_to(
+        qkv,
+        step.cos,
+        step.sin,
+        step.new_slots,
+        kc,
+        vc,
+        p.heads,
+        p.kv_heads,
+        p.head_dim,
+        q,
+    )?;
+    let decodes = decode_seqs(s.batch, p);
     let workers = Some(&s.be.pool);
-    if kc.kind() == tch::Kind::Half {
-        let (ks, vs) = (
-            attn::kv_view::<half::f16>(kc)?,
-            attn::kv_view::<half::f16>(vc)?,
-        );
-        attn::decode_into(q, ks, vs, &decodes, heads, workers, att);
-    } else {
-        let (ks, vs) = (attn::kv_view::<f32>(kc)?, attn::kv_view::<f32>(vc)?);
-        attn::decode_into(q, ks, vs, &decodes, heads, workers, att);
-    }
-    Ok(())
+    attn::decode_pool_into(q, kc, vc, &decodes, lg.decode_heads(p), workers, att)
 }
 
 /// A Gemma 3 layer's parts as the row path runs them.
@@ -283,7 +288,7 @@ pub(crate) struct GemmaRowParts<'a> {
     pub o: &'a Linear,
     pub p: &'a AttnParams,
     /// The attention logits' scale (`query_pre_attn_scalar^-0.5`).
-    pub scale: f32,
+    pub logits: &'a AttnLogits,
     pub post_attn_norm: &'a GemmaRmsNorm,
     pub pre_ff_norm: &'a GemmaRmsNorm,
     pub mlp: &'a GatedMlp,
@@ -347,20 +352,8 @@ pub(crate) fn gemma_layer(
         eps,
         sized(&mut sc.normed, n * width),
     )?;
-    let (kc, vc) = s.pool.layer(s.layer);
-    crate::fused::cpu::rope_kv_to(
-        &sc.normed,
-        step.cos,
-        step.sin,
-        step.new_slots,
-        kc,
-        vc,
-        p.heads,
-        p.kv_heads,
-        p.head_dim,
-        sized(&mut sc.q, n * heads * hd),
-    )?;
-    attend(s, p, parts.scale, &sc.q, sized(&mut sc.att, n * heads * hd))?;
+    let (q, att) = (&mut sc.q, sized(&mut sc.att, n * heads * hd));
+    attend(s, p, parts.logits, step, &sc.normed, q, att)?;
     parts
         .o
         .forward_to(&sc.att, n, sized(&mut sc.o, n * hidden), be)?;

@@ -243,7 +243,6 @@ impl DecoderLayer {
 
     fn row_parts(&self) -> GemmaRowParts<'_> {
         let a = &self.self_attn;
-        let hd = a.p.head_dim as f32;
         GemmaRowParts {
             input_norm: &self.input_layernorm,
             qkv: &a.qkv,
@@ -251,7 +250,7 @@ impl DecoderLayer {
             k_norm: &a.k_norm,
             o: &a.o,
             p: &a.p,
-            scale: a.logits.scale.map_or(1.0 / hd.sqrt(), |s| s as f32),
+            logits: &a.logits,
             post_attn_norm: &self.post_attention_layernorm,
             pre_ff_norm: &self.pre_feedforward_layernorm,
             mlp: &self.mlp,
@@ -394,7 +393,6 @@ impl Gemma3 {
         global: &RopeAt,
         local: &RopeAt,
     ) -> Result<Option<Tensor>, EngineError> {
-        let n = batch.n as usize;
         let hd = self.cfg.head_dim;
         if !rows::step_fits(batch, &self.be)
             || !global.rotates_all(hd)
@@ -412,21 +410,21 @@ impl Gemma3 {
             .embed_tokens
             .forward(&batch.ids)?
             .f_mul(&self.embed_scale)?;
-        let mut sc = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        sc.x.clear();
-        sc.x.extend_from_slice(crate::attn::f32_view(&x)?);
-        for (layer, l) in self.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", layer).entered();
-            let mut s = LayerStep {
-                batch,
-                be: &self.be,
-                pool: &mut *pool,
-                layer,
-            };
-            let step = if l.sliding { &local_step } else { &global_step };
-            rows::gemma_layer(&l.row_parts(), step, &mut s, &mut sc)?;
-        }
-        let (w, eps) = self.norm.parts();
-        rows::final_norm(&sc.x, n, crate::attn::f32_view(w)?, eps).map(Some)
+        let (be, layers) = (&self.be, self.layers.len());
+        let h = rows::run(
+            &self.rows,
+            &x,
+            batch,
+            pool,
+            be,
+            layers,
+            self.norm.parts(),
+            |i, s, sc| {
+                let l = &self.layers[i];
+                let step = if l.sliding { &local_step } else { &global_step };
+                rows::gemma_layer(&l.row_parts(), step, s, sc)
+            },
+        )?;
+        Ok(Some(h))
     }
 }

@@ -110,7 +110,6 @@ impl<L: Layer> Decoder<L> {
         pool: &mut KvPool,
         rope: &RopeAt,
     ) -> Result<Option<Tensor>, EngineError> {
-        let n = batch.n as usize;
         let usable = |parts: Option<RowParts<'_>>| {
             parts.is_some_and(|p| p.usable() && rope.rotates_all(p.p.head_dim))
         };
@@ -121,23 +120,22 @@ impl<L: Layer> Decoder<L> {
         let new_slots = rows::new_slots(batch);
         let step = RowStep::new(&cos, &sin, &new_slots)?;
         let x = self.embed_tokens.forward(&batch.ids)?;
-        let mut sc = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        sc.x.clear();
-        sc.x.extend_from_slice(crate::attn::f32_view(&x)?);
-        for (layer, l) in self.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", layer).entered();
-            let mut s = LayerStep {
-                batch,
-                be: &self.be,
-                pool: &mut *pool,
-                layer,
-            };
-            let parts = l
-                .row_parts()
-                .ok_or_else(|| EngineError::Step("row path: a layer without its parts".into()))?;
-            rows::layer(&parts, &step, &mut s, &mut sc)?;
-        }
-        let (w, eps) = self.norm.parts();
-        rows::final_norm(&sc.x, n, crate::attn::f32_view(w)?, eps).map(Some)
+        let (be, layers) = (&self.be, self.layers.len());
+        let h = rows::run(
+            &self.rows,
+            &x,
+            batch,
+            pool,
+            be,
+            layers,
+            self.norm.parts(),
+            |i, s, sc| {
+                let parts = self.layers[i].row_parts().ok_or_else(|| {
+                    EngineError::Step("row path: a layer without its parts".into())
+                })?;
+                rows::layer(&parts, &step, s, sc)
+            },
+        )?;
+        Ok(Some(h))
     }
 }
