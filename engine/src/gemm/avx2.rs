@@ -85,6 +85,18 @@ pub(super) unsafe fn rows(
     }
 }
 
+/// Values of k a call of the assembly loop takes, for a block of `n`
+/// values of k and `lines` lines to prefetch over it: as many as keeps
+/// each chunk's burst of prefetches to at most 11 lines, from 4 to 32.
+/// Leaving the loop for each prefetch (every 2 or 3 values of k at 16
+/// rows, every one at 4 to 6) cost a Zen 1 a twelfth of a 16-row step;
+/// bursts of 16 lines or more slowed 4- and 6-row products there by
+/// 15-30%, the misses past what a core keeps in flight.
+fn chunk(n: usize, lines: usize) -> usize {
+    const BURST: usize = 11;
+    n.div_ceil(lines.div_ceil(BURST).max(1)).clamp(4, 32)
+}
+
 /// R rows x 16 columns over k0..k1: `wp` points at the half panel's
 /// first column (k-major, NR floats per k), `tp` at the tile's (NR
 /// floats per row). `prefetch`: consecutive cache lines from an address,
@@ -105,22 +117,34 @@ unsafe fn half<const R: usize>(
     let mut a0 = [_mm256_setzero_ps(); R];
     let mut a1 = [_mm256_setzero_ps(); R];
     let (pf, lines) = prefetch;
-    let every = (k1 - k0)
-        .checked_div(lines)
-        .map_or(usize::MAX, |e| e.max(1));
     if R >= 4 {
         // The same FMAs in the same order per accumulator, the k loop in
         // assembly ([`fma4`] .. [`fma6`]) between the prefetches: the
         // compiled loop kept the prefetch's counters and branches and each
-        // row's address arithmetic beside its FMAs.
+        // row's address arithmetic beside its FMAs. The block's k in
+        // chunks ([`chunk`]), each chunk's share of the lines issued
+        // before it.
         let mut a = [_mm256_setzero_ps(); 2 * RT];
         let (mut kk, mut issued) = (k0, 0);
+        let chunked = super::tile_chunks();
+        let step = if chunked {
+            chunk(k1 - k0, lines)
+        } else {
+            (k1 - k0).checked_div(lines).map_or(k1 - k0, |e| e.max(1))
+        };
         while kk < k1 {
-            if issued < lines {
+            // The lines owed by the end of this chunk (one a chunk
+            // without chunks: the earlier way).
+            let due = if chunked {
+                (lines * (kk + step - k0)).div_ceil(k1 - k0)
+            } else {
+                issued + 1
+            };
+            while issued < lines.min(due) {
                 _mm_prefetch::<_MM_HINT_T2>(pf.wrapping_add(issued * 64));
                 issued += 1;
             }
-            let n = every.min(k1 - kk);
+            let n = step.min(k1 - kk);
             // SAFETY: kk + n <= k1 <= k: rows 0..R of x from `xp` hold k
             // floats each, the half panel NR floats per k.
             unsafe {
@@ -137,6 +161,9 @@ unsafe fn half<const R: usize>(
         a1.copy_from_slice(&a[R..2 * R]);
     } else {
         // Fewer rows: the loop in Rust.
+        let every = (k1 - k0)
+            .checked_div(lines)
+            .map_or(usize::MAX, |e| e.max(1));
         let (mut issued, mut wait) = (0, 0);
         for kk in k0..k1 {
             if issued < lines {

@@ -79,6 +79,23 @@ pub fn set_one_row_panels(panels: usize) {
     ONE_ROW_PANELS.store(panels, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether the AVX2 tile's k loop runs in chunks of up to 32 (the
+/// default) rather than leaving its assembly for each prefetch (see
+/// `avx2::chunk`).
+static TILE_CHUNKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn tile_chunks() -> bool {
+    TILE_CHUNKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets, for the whole process, whether the AVX2 f32 tile takes k in
+/// chunks (the default) or a prefetch at a time, as before: for
+/// comparisons (`steptime`'s `CHUNK_AB`). The sums are the same either
+/// way.
+pub fn set_tile_chunks(on: bool) {
+    TILE_CHUNKS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Values of k summed in one chain before the chain's sum is added to the
 /// output (see the module comment).
 const KC: usize = 128;
@@ -589,21 +606,26 @@ mod tests {
         let p = Packed::new(&w).expect("pack");
         let x = Tensor::randn([SG as i64, k as i64], (Kind::Float, Device::Cpu));
         let xs = crate::attn::f32_view(&x).expect("view");
-        for rows in 1..=SG {
-            let (mut a, mut b) = ([0f32; SG * NR], [0f32; SG * NR]);
-            let mut k0 = 0;
-            while k0 < k {
-                let k1 = k.min(k0 + KC);
-                #[allow(unsafe_code)]
-                // SAFETY: AVX2 and FMA (asserted); x holds SG rows of k,
-                // the panel k * NR floats, the tile SG * NR.
-                unsafe {
-                    avx2::rows(xs, k, rows, k0, k1, &p.data, &mut a, 0b11)
-                };
-                portable(xs, k, rows, k0, k1, &p.data, &mut b);
-                k0 = k1;
+        // The tile's k in chunks and a prefetch at a time: the same sums
+        // (other tests running meanwhile get the same bits either way).
+        for chunks in [false, true] {
+            set_tile_chunks(chunks);
+            for rows in 1..=SG {
+                let (mut a, mut b) = ([0f32; SG * NR], [0f32; SG * NR]);
+                let mut k0 = 0;
+                while k0 < k {
+                    let k1 = k.min(k0 + KC);
+                    #[allow(unsafe_code)]
+                    // SAFETY: AVX2 and FMA (asserted); x holds SG rows of
+                    // k, the panel k * NR floats, the tile SG * NR.
+                    unsafe {
+                        avx2::rows(xs, k, rows, k0, k1, &p.data, &mut a, 0b11)
+                    };
+                    portable(xs, k, rows, k0, k1, &p.data, &mut b);
+                    k0 = k1;
+                }
+                assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows} {chunks}");
             }
-            assert_eq!(a[..rows * NR], b[..rows * NR], "rows={rows}");
         }
         let mut many = [0f32; PANELS1 * NR];
         #[allow(unsafe_code)]
