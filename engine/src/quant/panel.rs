@@ -18,9 +18,9 @@
 //! `wide_rows`' 22 instructions per 128 (it widens the quants again for
 //! every second row and broadcasts per 16 columns; Q4 with the residual
 //! takes two chains of `vpmaddubsw` there). That loop is in assembly (see
-//! [`sums!`]). Each block's integer sums go into the rows' float
-//! accumulators (96 a row, on the stack) in k order, then Q4_1's and
-//! Q4_K's mins times the block's sum, as everywhere.
+//! [`sums!`]), and so is each block's scaling of its integer sums into
+//! the rows' float accumulators (96 a row, on the stack), in k order;
+//! then Q4_1's and Q4_K's mins times the block's sum, as everywhere.
 
 #![allow(unsafe_code)]
 
@@ -175,28 +175,21 @@ unsafe fn row<const V: usize>(
 ) {
     const { assert!(V >= 2 && V <= 12 && V.is_multiple_of(2)) };
     let (parts, per) = if halves { (2, PAIRS / 2) } else { (1, PAIRS) };
-    let mut s = [_mm256_setzero_si256(); V];
     for (part, d) in d.iter().enumerate().take(parts) {
         let p0 = part * per;
         // SAFETY: pairs p0 .. p0 + per of the panel and of the row-block's
-        // 32 int16 activations (2 a pair); `s` holds V vectors.
+        // 32 int16 activations (2 a pair); `d` holds V vectors and `acc`
+        // 8 V floats.
         unsafe {
             let (w, x) = (wide[p0].as_ptr(), xw.cast::<i32>().add(p0));
+            let (d, a) = (d.as_ptr(), acc.as_mut_ptr());
             match V {
-                2 => sums2(w, x, per, s.as_mut_ptr()),
-                4 => sums4(w, x, per, s.as_mut_ptr()),
-                6 => sums6(w, x, per, s.as_mut_ptr()),
-                8 => sums8(w, x, per, s.as_mut_ptr()),
-                10 => sums10(w, x, per, s.as_mut_ptr()),
-                _ => sums12(w, x, per, s.as_mut_ptr()),
-            }
-        }
-        for ((s, &d), a) in s.iter().zip(d).zip(acc.chunks_exact_mut(8)) {
-            // SAFETY: `a` is 8 floats.
-            unsafe {
-                let prev = _mm256_loadu_ps(a.as_ptr());
-                let sum = _mm256_fmadd_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(*s), prev);
-                _mm256_storeu_ps(a.as_mut_ptr(), sum);
+                2 => sums2(w, x, per, d, xs, a),
+                4 => sums4(w, x, per, d, xs, a),
+                6 => sums6(w, x, per, d, xs, a),
+                8 => sums8(w, x, per, d, xs, a),
+                10 => sums10(w, x, per, d, xs, a),
+                _ => sums12(w, x, per, d, xs, a),
             }
         }
     }
@@ -211,24 +204,34 @@ unsafe fn row<const V: usize>(
     }
 }
 
-/// `sumsV(w, x, pairs, out)` (`sums!`): the `V` int32 vectors `sum_p vpmaddwd(w[p][v],
-/// x[p] broadcast)` over `pairs` k-pairs, `w` the panel's pairs (`V`
-/// vectors each, in order), `x` the row's activation pairs, into `out`.
-/// In assembly: the same loop in intrinsics reached half the speed, its
-/// sums spilled and re-associated across the unrolled pairs; this one
-/// keeps each vector's sum in its own register (ymm0..), one broadcast
-/// (ymm15) and one product (ymm14) at a time, the quants read from the
-/// panel by `vpmaddwd` itself.
+/// `sumsV(w, x, pairs, d, xs, acc)` (`sums!`): the `V` int32 vectors
+/// `s[v] = sum_p vpmaddwd(w[p][v], x[p] broadcast)` over `pairs` k-pairs,
+/// `w` the panel's pairs (`V` vectors each, in order), `x` the row's
+/// activation pairs; then `acc[v] = fma(d[v] * xs, float(s[v]), acc[v])`
+/// (8 floats a vector). In assembly: the same loop in intrinsics reached
+/// half the speed, its sums spilled and re-associated across the unrolled
+/// pairs; this one keeps each vector's sum in its own register (ymm0..),
+/// one broadcast (ymm15) and one product (ymm14) at a time, the quants
+/// read from the panel by `vpmaddwd` itself. The sums go into `acc`
+/// straight from their registers: stored and read back for intrinsics to
+/// scale them, they took a fifth of a Zen 1's time in this kernel.
 macro_rules! sums {
     ($name:ident, $stride:literal, $($acc:literal @ $off:literal),+) => {
         /// # Safety
-        /// AVX2; `w` holds `pairs` x V vectors, `x` `pairs` int32, `out` V
-        /// vectors; `pairs` > 0.
+        /// AVX2 and FMA; `w` holds `pairs` x V vectors, `x` `pairs` int32,
+        /// `d` V vectors, `acc` 8 V floats; `pairs` > 0.
         #[inline]
-        #[target_feature(enable = "avx2")]
-        unsafe fn $name(w: *const __m256i, x: *const i32, pairs: usize, out: *mut __m256i) {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $name(
+            w: *const __m256i,
+            x: *const i32,
+            pairs: usize,
+            d: *const __m256,
+            xs: __m256,
+            acc: *mut f32,
+        ) {
             // SAFETY: the caller's promises: every address read or written
-            // is within `w`, `x` or `out`.
+            // is within `w`, `x`, `d` or `acc`.
             unsafe {
                 std::arch::asm!(
                     $( concat!("vpxor ymm", $acc, ", ymm", $acc, ", ymm", $acc), )+
@@ -242,11 +245,20 @@ macro_rules! sums {
                     "add {x}, 4",
                     "dec {n}",
                     "jnz 2b",
-                    $( concat!("vmovdqu ymmword ptr [{out} + ", $off, "], ymm", $acc), )+
+                    // acc = fma(d * xs, float(s), acc), as the intrinsics
+                    // gave it (d * xs rounded first).
+                    $(
+                        concat!("vmulps ymm14, {xs}, ymmword ptr [{d} + ", $off, "]"),
+                        concat!("vcvtdq2ps ymm", $acc, ", ymm", $acc),
+                        concat!("vfmadd213ps ymm", $acc, ", ymm14, ymmword ptr [{acc} + ", $off, "]"),
+                        concat!("vmovups ymmword ptr [{acc} + ", $off, "], ymm", $acc),
+                    )+
                     w = inout(reg) w => _,
                     x = inout(reg) x => _,
                     n = inout(reg) pairs => _,
-                    out = in(reg) out,
+                    d = in(reg) d,
+                    acc = in(reg) acc,
+                    xs = in(ymm_reg) xs,
                     out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
                     out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
                     out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
