@@ -89,9 +89,10 @@ pub(super) unsafe fn rows(
 /// values of k and `lines` lines to prefetch over it: as many as keeps
 /// each chunk's burst of prefetches to at most 11 lines, from 4 to 32.
 /// Leaving the loop for each prefetch (every 2 or 3 values of k at 16
-/// rows, every one at 4 to 6) cost a Zen 1 a twelfth of a 16-row step;
+/// rows, every one at 4 to 6) cost a Zen 1 3-9% of a 16-stream run;
 /// bursts of 16 lines or more slowed 4- and 6-row products there by
-/// 15-30%, the misses past what a core keeps in flight.
+/// 15-30% (more misses at once, presumably, than a core keeps in
+/// flight).
 fn chunk(n: usize, lines: usize) -> usize {
     const BURST: usize = 11;
     n.div_ceil(lines.div_ceil(BURST).max(1)).clamp(4, 32)

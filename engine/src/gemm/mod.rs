@@ -90,7 +90,7 @@ fn tile_chunks() -> bool {
 
 /// Sets, for the whole process, whether the AVX2 f32 tile takes k in
 /// chunks (the default) or a prefetch at a time, as before: for
-/// comparisons (`steptime`'s `CHUNK_AB`). The sums are the same either
+/// comparisons (`steptime`'s `TILE_AB`). The sums are the same either
 /// way.
 pub fn set_tile_chunks(on: bool) {
     TILE_CHUNKS.store(on, std::sync::atomic::Ordering::Relaxed);
