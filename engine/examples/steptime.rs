@@ -46,11 +46,15 @@
 //! `TILE_AB=1` compares the same way the AVX2 f32 tile taking k in chunks
 //! of up to 32 (the default) against leaving its assembly loop for each
 //! prefetch (`engine/src/gemm/avx2.rs`, `chunk`).
+//! `SPREAD_AB=1` compares the same way products of several rows taken a
+//! unit (a panel of 32 columns) at a time in balanced regions (the
+//! default) against a few contiguous chunks a thread from one counter
+//! (`engine/src/workers.rs`, `Workers::run_ranges`).
 use std::time::Instant;
 
 use gyre_engine::internals::{
     set_balanced_stealing, set_gap_prefetch, set_huge_pages, set_one_row_panels, set_row_path,
-    set_tile_chunks,
+    set_row_units, set_tile_chunks,
 };
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
@@ -111,6 +115,7 @@ fn main() {
     let prefetch_ab = std::env::var("PREFETCH_AB").is_ok_and(|v| v == "1");
     let rows_ab = std::env::var("ROWS_AB").is_ok_and(|v| v == "1");
     let tile_ab = std::env::var("TILE_AB").is_ok_and(|v| v == "1");
+    let spread_ab = std::env::var("SPREAD_AB").is_ok_and(|v| v == "1");
     let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
@@ -131,6 +136,8 @@ fn main() {
         ("row path", "tensor path")
     } else if tile_ab {
         ("tile k in chunks", "tile k a prefetch at a time")
+    } else if spread_ab {
+        ("row products a unit at a time", "row products in chunks")
     } else if let Some((a, b)) = &units {
         (a.as_str(), b.as_str())
     } else {
@@ -156,11 +163,19 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
-            None if chunks_ab || prefetch_ab || rows_ab || tile_ab || unit_ab.is_some() => {
+            None if chunks_ab
+                || prefetch_ab
+                || rows_ab
+                || tile_ab
+                || spread_ab
+                || unit_ab.is_some() =>
+            {
                 if rows_ab {
                     set_row_path(round % 2 == 0);
                 } else if tile_ab {
                     set_tile_chunks(round % 2 == 0);
+                } else if spread_ab {
+                    set_row_units(round % 2 == 0);
                 } else if chunks_ab {
                     set_balanced_stealing(round % 2 == 0);
                 } else if let Some((a, b)) = unit_ab {
@@ -228,7 +243,14 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some() || chunks_ab || prefetch_ab || rows_ab || tile_ab || unit_ab.is_some() {
+    if small.is_some()
+        || chunks_ab
+        || prefetch_ab
+        || rows_ab
+        || tile_ab
+        || spread_ab
+        || unit_ab.is_some()
+    {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(

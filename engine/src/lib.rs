@@ -708,7 +708,7 @@ pub mod internals {
     pub use crate::models::{KvShape, Model, load, load_with, supported};
     pub use crate::pages::set_enabled as set_huge_pages;
     pub use crate::quant::{Kernel as QuantKernel, time_matmul as time_quant_matmul};
-    pub use crate::workers::{set_balanced_stealing, set_gap_prefetch};
+    pub use crate::workers::{set_balanced_stealing, set_gap_prefetch, set_row_units};
     use crate::{DeviceChoice, EngineError, worker};
 
     /// Loads a model on the calling thread with the device (and dtype) the

@@ -7,9 +7,10 @@
 //! rayon pool as large as the thread count, with the caller blocked on it,
 //! put three threads on two cores; each product then cost a few context
 //! switches, which at batch 1 on a small model was as much time as the
-//! arithmetic.) A one-row product instead gives each thread one contiguous
-//! region of its units, and a thread done with its own takes from the back
-//! of the others' ([`Workers::run_balanced`]).
+//! arithmetic.) The products [`Workers::run_ranges`] runs (the f32 ones,
+//! and the one-row quantized ones) instead give each thread one contiguous
+//! region of their units, and a thread done with its own takes from the
+//! back of the others' ([`Workers::run_balanced`]).
 //!
 //! A worker idle between one-row products reads ahead the front of its
 //! region of the product expected next ([`Stream`]; the order is learned
@@ -47,6 +48,18 @@ static STEAL: AtomicBool = AtomicBool::new(true);
 /// `CHUNKS_AB`).
 pub fn set_balanced_stealing(on: bool) {
     STEAL.store(on, Ordering::Relaxed);
+}
+
+/// Whether products of several rows run a unit at a time through
+/// [`Workers::run_balanced`] (the default) or in [`Workers::chunks`]
+/// contiguous ranges from one counter (see [`Workers::run_ranges`]).
+static SPREAD: AtomicBool = AtomicBool::new(true);
+
+/// Sets, for the whole process, whether products of several rows run as
+/// balanced regions of single units (the default) or as a few chunks a
+/// thread: for comparisons (`steptime`'s `SPREAD_AB`).
+pub fn set_row_units(on: bool) {
+    SPREAD.store(on, Ordering::Relaxed);
 }
 
 /// A thread's region of a balanced run, `front .. end`, packed in one word
@@ -206,7 +219,11 @@ impl Workers {
     /// Runs `work(lo, hi)` for ranges that cover `0..units` once between
     /// them, for a product of `rows` activation rows: with one row, units
     /// of `one_row_unit` through [`Workers::run_balanced`]; with more,
-    /// [`Workers::chunks`] contiguous ranges through [`Workers::run`].
+    /// single units through it too (a thread's region from the front, then
+    /// the others' from the back, so the threads end within one unit of
+    /// each other: against [`Workers::chunks`] contiguous ranges from one
+    /// counter, 1.01-1.03x at 16 streams of SmolLM2 F32 and the bench
+    /// model on a 2-core Zen 1, `steptime`'s `SPREAD_AB`).
     /// `weights` says where each unit's weights lie: a one-row product
     /// learns which product follows it, and once it is done the workers
     /// read ahead the front of their regions of that one while the caller
@@ -242,6 +259,8 @@ impl Workers {
                 drop(old);
                 self.shared.hint_seq.fetch_add(1, Ordering::Release);
             }
+        } else if SPREAD.load(Ordering::Relaxed) {
+            self.run_balanced(units, |u| work(u, u + 1));
         } else {
             self.run_chunked(units, work);
         }
@@ -267,7 +286,7 @@ impl Workers {
 
     /// Runs `work(lo, hi)` for [`Workers::chunks`] contiguous ranges that
     /// cover `0..units` once between them, through [`Workers::run`].
-    fn run_chunked(&self, units: usize, work: impl Fn(usize, usize) + Sync) {
+    pub(crate) fn run_chunked(&self, units: usize, work: impl Fn(usize, usize) + Sync) {
         let per = units.div_ceil(self.chunks(units)).max(1);
         self.run(units.div_ceil(per), |c| {
             work(c * per, ((c + 1) * per).min(units));
@@ -475,6 +494,31 @@ mod tests {
                     hits[u].fetch_add(1, Ordering::Relaxed);
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    /// A product of several rows covers every unit exactly once, in
+    /// ranges that do not overlap, whether it runs a unit at a time (the
+    /// default) or in chunks. (Another test flipping the process-wide
+    /// switch meanwhile changes only which of the two ways runs.)
+    #[test]
+    fn row_products_cover_each_unit_once() {
+        for threads in [1, 2, 3] {
+            let w = Workers::new(threads).expect("workers");
+            for spread in [true, false, true] {
+                set_row_units(spread);
+                for units in [1, 2, 5, 30, 96, 1537] {
+                    let hits: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+                    let stream = Stream::of(&Arc::new(vec![0f32; 64]), 1);
+                    w.run_ranges(16, units, 2, stream, |lo, hi| {
+                        assert!(lo < hi && hi <= units, "range {lo}..{hi} of {units}");
+                        for h in &hits[lo..hi] {
+                            h.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                }
             }
         }
     }

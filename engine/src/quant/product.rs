@@ -195,8 +195,9 @@ impl QuantMatrix {
     /// each on `workers`. The panel product: panels of up to 6 groups, at
     /// least two a thread where there are enough groups, times rows in
     /// parts of 64 (prefill's many). The other kernels: group ranges as
-    /// [`crate::gemm::Workers::run_ranges`] cuts them (one row: units of
-    /// [`ONE_ROW_UNIT`] groups), each taking all the rows.
+    /// [`crate::gemm::Workers::run_ranges`] cuts them for one row (units of
+    /// [`ONE_ROW_UNIT`] groups), otherwise a few contiguous chunks a
+    /// thread, each taking all the rows.
     #[allow(clippy::too_many_arguments)]
     fn split(
         &self,
@@ -225,9 +226,12 @@ impl QuantMatrix {
             });
             return;
         }
-        workers.run_ranges(m, groups, ONE_ROW_UNIT, weights, |g0, g1| {
-            task(rows, (g0, g1), (0, m));
-        });
+        let each = |g0, g1| task(rows, (g0, g1), (0, m));
+        if m == 1 {
+            workers.run_ranges(m, groups, ONE_ROW_UNIT, weights, each);
+        } else {
+            workers.run_chunked(groups, each);
+        }
     }
 
     /// [`Self::forward_silu`] into `out` (m * n / 2 floats), through `gu`
