@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::{
-    NR, PANELS1, Packed, SG, SendPtr, Stream, Workers, input_rows, kernel_one_row, one_row_panels,
-    pack, weight_rows,
+    NR, PANELS1, Packed, SG, SendPtr, Stream, TILES, Workers, input_rows, kernel_one_row,
+    one_row_panels, pack, weight_rows,
 };
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
@@ -139,21 +139,21 @@ impl Packed {
                 j += unit / 2;
             }
             if j < j1 {
-                let mut gate = [0f32; SG * NR];
-                let mut up = [0f32; SG * NR];
-                for j in j..j1 {
-                    let mut r0 = 0;
-                    while r0 < m {
-                        let rows = SG.min(m - r0);
-                        self.panel_rows(xs, r0, rows, 2 * j, &mut gate);
-                        self.panel_rows(xs, r0, rows, 2 * j + 1, &mut up);
-                        for i in 0..rows {
-                            let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
-                            self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
+                TILES.with_borrow_mut(|[gate, up]| {
+                    for j in j..j1 {
+                        let mut r0 = 0;
+                        while r0 < m {
+                            let rows = SG.min(m - r0);
+                            self.panel_rows(xs, r0, rows, 2 * j, gate);
+                            self.panel_rows(xs, r0, rows, 2 * j + 1, up);
+                            for i in 0..rows {
+                                let (g, u) = (&gate[i * NR..][..NR], &up[i * NR..][..NR]);
+                                self.write_pair(out_ptr.0, inter, silu, r0 + i, j, g, u);
+                            }
+                            r0 += rows;
                         }
-                        r0 += rows;
                     }
-                }
+                });
             }
         };
         // One row: whole groups of panels for the one-row kernel.

@@ -100,6 +100,16 @@ pub fn set_tile_chunks(on: bool) {
 /// output (see the module comment).
 const KC: usize = 128;
 
+std::thread_local! {
+    /// Each thread's tiles for products of several rows (two: a gated
+    /// product's gate and up), kept from product to product: a product
+    /// that zeroed new ones per panel (its unit of work) would memset
+    /// 26 MB a 16-row SmolLM2 step. Each block's first pass writes the
+    /// tile's rows before any is read.
+    static TILES: std::cell::RefCell<[[f32; SG * NR]; 2]> =
+        const { std::cell::RefCell::new([[0.0; SG * NR]; 2]) };
+}
+
 /// Whether this CPU can run one of the kernels (AVX-512F, or AVX2 and FMA).
 pub(crate) fn available() -> bool {
     simd() != Simd::None
@@ -201,13 +211,11 @@ impl Packed {
                 p += unit;
             }
             if p < p1 {
-                // One tile per task: zeroing it per panel cost a step
-                // of 16 rows a memset of 26 MB on SmolLM2. (Each
-                // block's first pass writes it before it is read.)
-                let mut tile = [0f32; SG * NR];
-                for p in p..p1 {
-                    self.panel(xs, m, p, out_ptr.0, &mut tile);
-                }
+                TILES.with_borrow_mut(|[tile, _]| {
+                    for p in p..p1 {
+                        self.panel(xs, m, p, out_ptr.0, tile);
+                    }
+                });
             }
         };
         // One row (a batch-1 decode): a group of panels a unit.
