@@ -13,7 +13,8 @@
 //! `F32MM_CACHED=1` times one copy of each weight, which the caches hold
 //! (the head's does not), instead of cycling through copies that overflow
 //! them: the arithmetic's own rate, without the memory stream.
-use gyre_engine::internals::time_f32_matmul;
+//! `F32MM_AVX2=1` runs the AVX2 kernels on a CPU with AVX-512.
+use gyre_engine::internals::{set_f32_avx2, time_f32_matmul};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -24,6 +25,7 @@ fn main() {
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let iters: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
     let cached = std::env::var("F32MM_CACHED").is_ok_and(|v| v == "1");
+    set_f32_avx2(std::env::var("F32MM_AVX2").is_ok_and(|v| v == "1"));
     for &m in &rows {
         for (name, n, k) in [
             ("qkv", 960, 576usize),

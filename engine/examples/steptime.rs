@@ -50,11 +50,14 @@
 //! unit (a panel of 32 columns) at a time in balanced regions (the
 //! default) against a few contiguous chunks a thread from one counter
 //! (`engine/src/workers.rs`, `Workers::run_ranges`).
+//! `AVX2_AB=1` compares the same way, on a CPU with AVX-512, the f32
+//! products' AVX-512 kernels (the default) against their AVX2 ones
+//! (`engine/src/gemm/mod.rs`, `set_f32_avx2`).
 use std::time::Instant;
 
 use gyre_engine::internals::{
-    set_balanced_stealing, set_gap_prefetch, set_huge_pages, set_one_row_panels, set_row_path,
-    set_row_units, set_tile_chunks,
+    set_balanced_stealing, set_f32_avx2, set_gap_prefetch, set_huge_pages, set_one_row_panels,
+    set_row_path, set_row_units, set_tile_chunks,
 };
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
@@ -116,6 +119,7 @@ fn main() {
     let rows_ab = std::env::var("ROWS_AB").is_ok_and(|v| v == "1");
     let tile_ab = std::env::var("TILE_AB").is_ok_and(|v| v == "1");
     let spread_ab = std::env::var("SPREAD_AB").is_ok_and(|v| v == "1");
+    let avx2_ab = std::env::var("AVX2_AB").is_ok_and(|v| v == "1");
     let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
@@ -138,6 +142,8 @@ fn main() {
         ("tile k in chunks", "tile k a prefetch at a time")
     } else if spread_ab {
         ("row products a unit at a time", "row products in chunks")
+    } else if avx2_ab {
+        ("f32 AVX-512 kernels", "f32 AVX2 kernels")
     } else if let Some((a, b)) = &units {
         (a.as_str(), b.as_str())
     } else {
@@ -168,6 +174,7 @@ fn main() {
                 || rows_ab
                 || tile_ab
                 || spread_ab
+                || avx2_ab
                 || unit_ab.is_some() =>
             {
                 if rows_ab {
@@ -176,6 +183,8 @@ fn main() {
                     set_tile_chunks(round % 2 == 0);
                 } else if spread_ab {
                     set_row_units(round % 2 == 0);
+                } else if avx2_ab {
+                    set_f32_avx2(round % 2 == 1);
                 } else if chunks_ab {
                     set_balanced_stealing(round % 2 == 0);
                 } else if let Some((a, b)) = unit_ab {
@@ -249,6 +258,7 @@ fn main() {
         || rows_ab
         || tile_ab
         || spread_ab
+        || avx2_ab
         || unit_ab.is_some()
     {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();

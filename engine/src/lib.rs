@@ -698,6 +698,7 @@ pub mod internals {
     pub use crate::fused::{
         check_against_libtorch as check_fused_kernels, set_enabled as set_fused_kernels, time_gemv,
     };
+    pub use crate::gemm::set_f32_avx2;
     pub use crate::gemm::set_one_row_panels;
     pub use crate::gemm::set_tile_chunks;
     pub use crate::gemm::time_matmul as time_f32_matmul;
