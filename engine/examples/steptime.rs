@@ -53,11 +53,14 @@
 //! `AVX2_AB=1` compares the same way, on a CPU with AVX-512, the f32
 //! products' AVX-512 kernels (the default) against their AVX2 ones
 //! (`engine/src/gemm/mod.rs`, `set_f32_avx2`).
+//! `QPF_AB=1` compares the same way the AVX-512 int8 kernel in products of
+//! one row without prefetching the next group (the default) against with
+//! it (`engine/src/quant/avx512.rs`, `int8_rows`).
 use std::time::Instant;
 
 use gyre_engine::internals::{
     set_balanced_stealing, set_f32_avx2, set_gap_prefetch, set_huge_pages, set_one_row_panels,
-    set_row_path, set_row_units, set_tile_chunks,
+    set_one_row_quant_prefetch, set_row_path, set_row_units, set_tile_chunks,
 };
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
@@ -120,6 +123,7 @@ fn main() {
     let tile_ab = std::env::var("TILE_AB").is_ok_and(|v| v == "1");
     let spread_ab = std::env::var("SPREAD_AB").is_ok_and(|v| v == "1");
     let avx2_ab = std::env::var("AVX2_AB").is_ok_and(|v| v == "1");
+    let qpf_ab = std::env::var("QPF_AB").is_ok_and(|v| v == "1");
     let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
@@ -144,6 +148,8 @@ fn main() {
         ("row products a unit at a time", "row products in chunks")
     } else if avx2_ab {
         ("f32 AVX-512 kernels", "f32 AVX2 kernels")
+    } else if qpf_ab {
+        ("one-row quantized without prefetch", "with prefetch")
     } else if let Some((a, b)) = &units {
         (a.as_str(), b.as_str())
     } else {
@@ -175,6 +181,7 @@ fn main() {
                 || tile_ab
                 || spread_ab
                 || avx2_ab
+                || qpf_ab
                 || unit_ab.is_some() =>
             {
                 if rows_ab {
@@ -185,6 +192,8 @@ fn main() {
                     set_row_units(round % 2 == 0);
                 } else if avx2_ab {
                     set_f32_avx2(round % 2 == 1);
+                } else if qpf_ab {
+                    set_one_row_quant_prefetch(round % 2 == 1);
                 } else if chunks_ab {
                     set_balanced_stealing(round % 2 == 0);
                 } else if let Some((a, b)) = unit_ab {
@@ -259,6 +268,7 @@ fn main() {
         || tile_ab
         || spread_ab
         || avx2_ab
+        || qpf_ab
         || unit_ab.is_some()
     {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();

@@ -708,6 +708,7 @@ pub mod internals {
     pub use crate::layers::rows::{set_enabled as set_row_path, steps as row_path_steps};
     pub use crate::models::{KvShape, Model, load, load_with, supported};
     pub use crate::pages::set_enabled as set_huge_pages;
+    pub use crate::quant::set_one_row_prefetch as set_one_row_quant_prefetch;
     pub use crate::quant::{Kernel as QuantKernel, time_matmul as time_quant_matmul};
     pub use crate::workers::{set_balanced_stealing, set_gap_prefetch, set_row_units};
     use crate::{DeviceChoice, EngineError, worker};

@@ -506,6 +506,22 @@ impl QuantMatrix {
     }
 }
 
+/// Whether the AVX-512 int8 kernel prefetches the next group in a product
+/// of one row (off: see `avx512::int8_rows`).
+static ONE_ROW_PREFETCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn one_row_prefetch() -> bool {
+    ONE_ROW_PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets, for the whole process, whether the AVX-512 int8 kernel
+/// prefetches the next group in a product of one row, as it did before
+/// (the default: not): for comparisons (`steptime`'s `QPF_AB`). The sums
+/// are the same either way.
+pub fn set_one_row_prefetch(on: bool) {
+    ONE_ROW_PREFETCH.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Prefetches the `stride` bytes `next` bytes on from the group-block at
 /// `gb`: the same block of the next group, so that the weight stream runs
 /// while a kernel's later tiles reuse this group from L1 (the hardware
