@@ -134,27 +134,38 @@ fn main() {
             format!("units of {b} panels"),
         )
     });
-    let (label_a, label_b) = if kv_ab {
-        ("default KV", "f16 KV")
-    } else if chunks_ab {
-        ("taking from others' regions", "one region a thread")
-    } else if prefetch_ab {
-        ("prefetching between products", "no prefetch")
-    } else if rows_ab {
-        ("row path", "tensor path")
-    } else if tile_ab {
-        ("tile k in chunks", "tile k a prefetch at a time")
-    } else if spread_ab {
-        ("row products a unit at a time", "row products in chunks")
-    } else if avx2_ab {
-        ("f32 AVX-512 kernels", "f32 AVX2 kernels")
-    } else if qpf_ab {
-        ("one-row quantized without prefetch", "with prefetch")
-    } else if let Some((a, b)) = &units {
-        (a.as_str(), b.as_str())
-    } else {
-        ("huge pages", "small pages")
+    // Each switch and its two sides' labels; the first switch on names them.
+    let switches = [
+        (kv_ab, "default KV", "f16 KV"),
+        (
+            chunks_ab,
+            "taking from others' regions",
+            "one region a thread",
+        ),
+        (prefetch_ab, "prefetching between products", "no prefetch"),
+        (rows_ab, "row path", "tensor path"),
+        (tile_ab, "tile k in chunks", "tile k a prefetch at a time"),
+        (
+            spread_ab,
+            "row products a unit at a time",
+            "row products in chunks",
+        ),
+        (avx2_ab, "f32 AVX-512 kernels", "f32 AVX2 kernels"),
+        (
+            qpf_ab,
+            "one-row quantized without prefetch",
+            "with prefetch",
+        ),
+    ];
+    let (label_a, label_b) = match switches.iter().find(|s| s.0) {
+        Some(&(_, a, b)) => (a, b),
+        None => match &units {
+            Some((a, b)) => (a.as_str(), b.as_str()),
+            None => ("huge pages", "small pages"),
+        },
     };
+    // A/B on one engine, a switch flipped round by round.
+    let one_engine = switches[1..].iter().any(|s| s.0) || unit_ab.is_some();
     let huge = Engine::start(o).expect("engine");
     if small.is_some() {
         let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
@@ -175,15 +186,7 @@ fn main() {
         let (e, pages) = match &small {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
-            None if chunks_ab
-                || prefetch_ab
-                || rows_ab
-                || tile_ab
-                || spread_ab
-                || avx2_ab
-                || qpf_ab
-                || unit_ab.is_some() =>
-            {
+            None if one_engine => {
                 if rows_ab {
                     set_row_path(round % 2 == 0);
                 } else if tile_ab {
@@ -261,16 +264,7 @@ fn main() {
             side.1 += 1;
         }
     }
-    if small.is_some()
-        || chunks_ab
-        || prefetch_ab
-        || rows_ab
-        || tile_ab
-        || spread_ab
-        || avx2_ab
-        || qpf_ab
-        || unit_ab.is_some()
-    {
+    if small.is_some() || one_engine {
         let mean = |(sum, n): (f64, u32)| (sum / f64::from(n.max(1))).exp();
         let (h, s) = (mean(logs[0]), mean(logs[1]));
         println!(
