@@ -134,38 +134,54 @@ fn main() {
             format!("units of {b} panels"),
         )
     });
-    // Each switch and its two sides' labels; the first switch on names them.
-    let switches = [
-        (kv_ab, "default KV", "f16 KV"),
+    // Each one-engine switch: its two sides' labels and what sets side A
+    // (true) or side B (false) for a round.
+    type Switch<'a> = (bool, &'a str, &'a str, fn(bool));
+    let switches: [Switch; 7] = [
         (
             chunks_ab,
             "taking from others' regions",
             "one region a thread",
+            set_balanced_stealing,
         ),
-        (prefetch_ab, "prefetching between products", "no prefetch"),
-        (rows_ab, "row path", "tensor path"),
-        (tile_ab, "tile k in chunks", "tile k a prefetch at a time"),
+        (
+            prefetch_ab,
+            "prefetching between products",
+            "no prefetch",
+            set_gap_prefetch,
+        ),
+        (rows_ab, "row path", "tensor path", set_row_path),
+        (
+            tile_ab,
+            "tile k in chunks",
+            "tile k a prefetch at a time",
+            set_tile_chunks,
+        ),
         (
             spread_ab,
             "row products a unit at a time",
             "row products in chunks",
+            set_row_units,
         ),
-        (avx2_ab, "f32 AVX-512 kernels", "f32 AVX2 kernels"),
+        (avx2_ab, "f32 AVX-512 kernels", "f32 AVX2 kernels", |a| {
+            set_f32_avx2(!a)
+        }),
         (
             qpf_ab,
             "one-row quantized without prefetch",
             "with prefetch",
+            |a| set_one_row_quant_prefetch(!a),
         ),
     ];
-    let (label_a, label_b) = match switches.iter().find(|s| s.0) {
-        Some(&(_, a, b)) => (a, b),
-        None => match &units {
-            Some((a, b)) => (a.as_str(), b.as_str()),
-            None => ("huge pages", "small pages"),
-        },
+    // The switch flipped round by round on one engine, if any.
+    let switch = switches.iter().find(|s| s.0);
+    let (label_a, label_b) = match (kv_ab, switch, &units) {
+        (true, _, _) => ("default KV", "f16 KV"),
+        (false, Some(&(_, a, b, _)), _) => (a, b),
+        (false, None, Some((a, b))) => (a.as_str(), b.as_str()),
+        (false, None, None) => ("huge pages", "small pages"),
     };
-    // A/B on one engine, a switch flipped round by round.
-    let one_engine = switches[1..].iter().any(|s| s.0) || unit_ab.is_some();
+    let one_engine = switch.is_some() || unit_ab.is_some();
     let huge = Engine::start(o).expect("engine");
     if small.is_some() {
         let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
@@ -187,22 +203,11 @@ fn main() {
             Some(small) if round % 2 == 1 => (small, format!(" ({label_b})")),
             Some(_) => (&huge, format!(" ({label_a})")),
             None if one_engine => {
-                if rows_ab {
-                    set_row_path(round % 2 == 0);
-                } else if tile_ab {
-                    set_tile_chunks(round % 2 == 0);
-                } else if spread_ab {
-                    set_row_units(round % 2 == 0);
-                } else if avx2_ab {
-                    set_f32_avx2(round % 2 == 1);
-                } else if qpf_ab {
-                    set_one_row_quant_prefetch(round % 2 == 1);
-                } else if chunks_ab {
-                    set_balanced_stealing(round % 2 == 0);
-                } else if let Some((a, b)) = unit_ab {
-                    set_one_row_panels(if round % 2 == 0 { a } else { b });
-                } else {
-                    set_gap_prefetch(round % 2 == 0);
+                let side_a = round % 2 == 0;
+                match (switch, unit_ab) {
+                    (Some(&(_, _, _, set)), _) => set(side_a),
+                    (None, Some((a, b))) => set_one_row_panels(if side_a { a } else { b }),
+                    (None, None) => unreachable!("one_engine"),
                 }
                 let label = if round % 2 == 1 { label_b } else { label_a };
                 (&huge, format!(" ({label})"))
