@@ -10,7 +10,15 @@
 //! `HEADS=h,kv,dim` times other heads; `KV=f16` a float16 cache;
 //! `LAYERS=1` one layer's pool, which the caches hold (the arithmetic's
 //! own rate).
-use gyre_engine::internals::time_decode_attention;
+//!
+//! `ATTN_AB=1` compares, on a CPU with AVX-512, the AVX-512 kernel against
+//! the AVX2 one (`set_attn_avx2`) in one process: `ROUNDS` (default 8)
+//! timings at each context, alternating, and the geometric mean of each
+//! kernel's, so that the machine's drift falls on both alike.
+//! `ATTN_PF_AB=1` compares the same way the kernels prefetching keys and
+//! values into L2 (the default) against into L1 (`set_attn_prefetch_l1`);
+//! with `ATTN_AVX2=1` (on a CPU with AVX-512), the AVX2 kernel's.
+use gyre_engine::internals::{set_attn_avx2, set_attn_prefetch_l1, time_decode_attention};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -33,15 +41,53 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
+    let kernels = std::env::var("ATTN_AB").is_ok_and(|v| v == "1");
+    let prefetch = std::env::var("ATTN_PF_AB").is_ok_and(|v| v == "1");
+    let ab = kernels || prefetch;
+    if prefetch && std::env::var("ATTN_AVX2").is_ok_and(|v| v == "1") {
+        set_attn_avx2(true);
+    }
+    // Side A (false) and side B (true), and what sets a side.
+    let (label_a, label_b, set): (&str, &str, fn(bool)) = if prefetch {
+        ("prefetch into L2", "into L1", set_attn_prefetch_l1)
+    } else {
+        ("AVX-512", "AVX2", set_attn_avx2)
+    };
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let name = format!("heads {heads:?}{}", if f16 { ", f16" } else { "" });
     for &t in &contexts {
-        let ms =
-            time_decode_attention(heads, seqs, t, layers, threads, iters, f16).expect("timing");
         let bytes = 2 * seqs * t * heads.1 * heads.2 * if f16 { 2 } else { 4 };
+        let time =
+            || time_decode_attention(heads, seqs, t, layers, threads, iters, f16).expect("timing");
+        if !ab {
+            let ms = time();
+            println!(
+                "{seqs} seqs x {t} positions, {name}: {:.1} us a layer ({:.1} GB/s of keys and values)",
+                ms * 1e3,
+                bytes as f64 / ms / 1e6
+            );
+            continue;
+        }
+        let mut logs = [0f64; 2];
+        for round in 0..2 * rounds {
+            let b = round % 2 == 1;
+            set(b);
+            let ms = time();
+            logs[usize::from(b)] += ms.ln();
+            println!(
+                "{seqs} seqs x {t} positions, {name}, {}: {:.1} us a layer",
+                if b { label_b } else { label_a },
+                ms * 1e3
+            );
+        }
+        set(false);
+        let [a, b] = logs.map(|l| (l / rounds as f64).exp() * 1e3);
         println!(
-            "{seqs} seqs x {t} positions, heads {heads:?}{}: {:.1} us a layer ({:.1} GB/s of keys and values)",
-            if f16 { ", f16" } else { "" },
-            ms * 1e3,
-            bytes as f64 / ms / 1e6
+            "{seqs} seqs x {t} positions, {name}: geometric means {label_a} {a:.1} us, {label_b} {b:.1} us a layer: {label_a} {:.3}x",
+            b / a
         );
     }
 }

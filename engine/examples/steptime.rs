@@ -56,11 +56,14 @@
 //! `QPF_AB=1` compares the same way the AVX-512 int8 kernel in products of
 //! one row without prefetching the next group (the default) against with
 //! it (`engine/src/quant/avx512.rs`, `int8_rows`).
+//! `ATTN_PF_AB=1` compares the same way decode attention prefetching the
+//! keys and values ahead into L2 (the default) against into L1
+//! (`engine/src/attn/mod.rs`, `prefetch_row`).
 use std::time::Instant;
 
 use gyre_engine::internals::{
-    set_balanced_stealing, set_f32_avx2, set_gap_prefetch, set_huge_pages, set_one_row_panels,
-    set_one_row_quant_prefetch, set_row_path, set_row_units, set_tile_chunks,
+    set_attn_prefetch_l1, set_balanced_stealing, set_f32_avx2, set_gap_prefetch, set_huge_pages,
+    set_one_row_panels, set_one_row_quant_prefetch, set_row_path, set_row_units, set_tile_chunks,
 };
 use gyre_engine::{
     Activations, DeviceChoice, Engine, EngineOptions, Event, GenerateRequest, KvCacheDtype,
@@ -124,6 +127,7 @@ fn main() {
     let spread_ab = std::env::var("SPREAD_AB").is_ok_and(|v| v == "1");
     let avx2_ab = std::env::var("AVX2_AB").is_ok_and(|v| v == "1");
     let qpf_ab = std::env::var("QPF_AB").is_ok_and(|v| v == "1");
+    let attn_pf_ab = std::env::var("ATTN_PF_AB").is_ok_and(|v| v == "1");
     let unit_ab: Option<(usize, usize)> = std::env::var("UNIT_AB").ok().and_then(|v| {
         let (a, b) = v.split_once(',')?;
         Some((a.parse().ok()?, b.parse().ok()?))
@@ -137,7 +141,7 @@ fn main() {
     // Each one-engine switch: its two sides' labels and what sets side A
     // (true) or side B (false) for a round.
     type Switch<'a> = (bool, &'a str, &'a str, fn(bool));
-    let switches: [Switch; 7] = [
+    let switches: [Switch; 8] = [
         (
             chunks_ab,
             "taking from others' regions",
@@ -171,6 +175,12 @@ fn main() {
             "one-row quantized without prefetch",
             "with prefetch",
             |a| set_one_row_quant_prefetch(!a),
+        ),
+        (
+            attn_pf_ab,
+            "attention prefetching into L2",
+            "into L1",
+            |a| set_attn_prefetch_l1(!a),
         ),
     ];
     // The switch flipped round by round on one engine, if any.

@@ -693,7 +693,9 @@ impl Engine {
 pub mod internals {
     use std::path::Path;
 
-    pub use crate::attn::time_decode as time_decode_attention;
+    pub use crate::attn::{
+        set_attn_avx2, set_attn_prefetch_l1, time_decode as time_decode_attention,
+    };
     pub use crate::config::{Llama3Scaling, LongRopeScaling, ModelConfig, RopeScaling};
     pub use crate::fused::{
         check_against_libtorch as check_fused_kernels, set_enabled as set_fused_kernels, time_gemv,

@@ -26,21 +26,44 @@ mod avx512;
 /// prefetch: a sequence's rows of one head lie a pool row apart (every KV
 /// head's), a stride the hardware prefetcher followed too slowly.
 #[cfg(target_arch = "x86_64")]
-const AHEAD: usize = 8;
+const AHEAD: usize = 24;
+
+/// Whether [`prefetch_row`] fetches into L1 instead of L2.
+static PREFETCH_L1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets, for the whole process, whether decode attention prefetches the
+/// keys and values ahead into L1 (`prefetcht0`, as before) instead of L2
+/// (the default): for comparisons (`steptime`'s `ATTN_PF_AB`). The
+/// results are the same either way.
+pub fn set_attn_prefetch_l1(on: bool) {
+    PREFETCH_L1.store(on, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Prefetches the `len` elements of `data` from `at` (a hint: nothing is
-/// read when they lie outside it).
+/// read when they lie outside it) into L2 (`prefetcht1`). Into L1, each
+/// line held one of the core's few L1 miss buffers until it came, which
+/// bounded the misses in flight: with SmolLM2's heads on a 2-core Zen 4
+/// (`attntime`, the two alternated in one process), 16 sequences of 96
+/// and 288 positions read their keys and values 1.5x as fast into L2,
+/// one of 1,024 positions 2x, with the AVX-512 and the AVX2 kernel
+/// alike, from 16 to 40 keys ahead; into L1, 8 to 32 keys ahead measured
+/// the same.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_row<T>(data: &[T], at: usize, len: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
     if at + len <= data.len() {
+        let l1 = PREFETCH_L1.load(std::sync::atomic::Ordering::Relaxed);
         let p = data[at..].as_ptr().cast::<i8>();
         for line in (0..len * size_of::<T>()).step_by(64) {
             #[allow(unsafe_code)]
             // SAFETY: a prefetch of memory inside `data` (checked above).
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
+                if l1 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(line))
+                }
             };
         }
     }
@@ -382,7 +405,7 @@ fn one_seq<T: KvElem>(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if *HAS_AVX512 {
+    if *HAS_AVX512 && !ATTN_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
         #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX-512F (checked at run time).
         if unsafe { avx512::one_seq(q, k, v, s, h, gs.clone(), out) } {
@@ -416,6 +439,18 @@ fn one_seq_portable<T: KvElem>(
         return;
     }
     one_seq_body(q, k, v, s, h, gs, out);
+}
+
+/// Whether decode attention runs its AVX2 kernel on an AVX-512 CPU.
+static ATTN_AVX2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets, for the whole process, whether decode attention runs its AVX2
+/// kernel on a CPU with AVX-512 (every AVX-512 CPU has AVX2, FMA and
+/// F16C): for comparisons (`attntime`'s `ATTN_AB`, `steptime`'s
+/// `ATTN_AVX2_AB`). The results agree to float32 rounding, not to the bit
+/// (the sums are added in another order).
+pub fn set_attn_avx2(on: bool) {
+    ATTN_AVX2.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(target_arch = "x86_64")]
