@@ -26,6 +26,7 @@ use super::{AHEAD, DecodeSeq, Heads, KvElem, prefetch_row, softmax_rows};
 /// (`out`: theirs alone) when its head dim is a multiple of 8, and says
 /// whether it did. The caller checked the CPU for AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn one_seq<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -34,6 +35,7 @@ pub(super) fn one_seq<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) -> bool {
     let hd = h.head_dim;
     if hd == 0 || !hd.is_multiple_of(8) {
@@ -68,7 +70,12 @@ pub(super) fn one_seq<T: KvElem>(
                 scores[i * t + j] = dot(qh, key) * h.scale;
             }
         }
-        softmax_rows(&mut scores, t, h.softcap);
+        softmax_rows(
+            &mut scores,
+            t,
+            h.softcap,
+            &mut stats[(g - gs.start) * group * 2..][..group * 2],
+        );
         let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         if group > 1 && hd.is_multiple_of(32) {
             // Heads in runs of up to three (four as two and two), 32

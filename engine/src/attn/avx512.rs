@@ -22,6 +22,7 @@ use super::{AHEAD, DecodeSeq, Heads, KvElem, prefetch_row, softmax_rows};
 /// (`out`: theirs alone) when its head dim is one of the sizes above, and
 /// says whether it did. The caller checked the CPU for AVX-512F.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn one_seq<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -30,13 +31,14 @@ pub(super) fn one_seq<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) -> bool {
     match h.head_dim {
-        16 => body::<1, T>(q, k, v, s, h, gs, out),
-        32 => body::<2, T>(q, k, v, s, h, gs, out),
-        64 => body::<4, T>(q, k, v, s, h, gs, out),
-        128 => body::<8, T>(q, k, v, s, h, gs, out),
-        256 => body::<16, T>(q, k, v, s, h, gs, out),
+        16 => body::<1, T>(q, k, v, s, h, gs, out, stats),
+        32 => body::<2, T>(q, k, v, s, h, gs, out, stats),
+        64 => body::<4, T>(q, k, v, s, h, gs, out, stats),
+        128 => body::<8, T>(q, k, v, s, h, gs, out, stats),
+        256 => body::<16, T>(q, k, v, s, h, gs, out, stats),
         _ => return false,
     }
     true
@@ -52,6 +54,7 @@ fn load<const V: usize, T: KvElem>(row: &[T]) -> [__m512; V] {
 }
 
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 fn body<const V: usize, T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -60,6 +63,7 @@ fn body<const V: usize, T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) {
     let hd = 16 * V;
     let group = h.heads / h.kv_heads;
@@ -96,7 +100,12 @@ fn body<const V: usize, T: KvElem>(
                 scores[i * t + j] = _mm512_reduce_add_ps(a) * h.scale;
             }
         }
-        softmax_rows(&mut scores, t, h.softcap);
+        softmax_rows(
+            &mut scores,
+            t,
+            h.softcap,
+            &mut stats[(g - gs.start) * group * 2..][..group * 2],
+        );
         let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         // Heads in runs of up to four (five as three and two), up to 64
         // floats of each a pass; the first pass prefetches the rows.

@@ -287,6 +287,30 @@ pub(crate) fn decode_pool_into(
     Ok(())
 }
 
+/// Keys a sequence's attention takes at a time, at most: a longer
+/// sequence's keys are cut into about equal chunks of at most this many,
+/// each chunk attended with its own softmax and the chunks' results
+/// merged by their maxima and sums ([`merge_chunks`], as flash decoding
+/// does), so that one long sequence's chunks go to several threads. The
+/// cut depends on the sequence's length alone, never on the batch or the
+/// threads, so its result is the same whatever it is batched with.
+const CHUNK: usize = 256;
+
+/// The chunks of `t` keys: `n` of them, chunk c being keys
+/// `c * t / n .. (c + 1) * t / n`.
+fn chunks(t: usize) -> usize {
+    t.div_ceil(CHUNK).max(1)
+}
+
+/// Chunk `c` of `n` of a sequence's keys (see [`chunks`]).
+fn chunk<'a>(s: &DecodeSeq<'a>, c: usize, n: usize) -> DecodeSeq<'a> {
+    let t = s.slots.len();
+    DecodeSeq {
+        row: s.row,
+        slots: &s.slots[c * t / n..(c + 1) * t / n],
+    }
+}
+
 /// [`decode`] into `out` (seqs.len() * heads * head_dim floats).
 pub(crate) fn decode_into<T: KvElem>(
     q: &[f32],
@@ -305,39 +329,93 @@ pub(crate) fn decode_into<T: KvElem>(
     );
     let keys: usize = seqs.iter().map(|s| s.slots.len()).sum();
     let threads = workers.map_or(1, |w| w.threads());
+    let long = seqs.iter().any(|s| chunks(s.slots.len()) > 1);
     if let Some(w) = workers
         && threads > 1
         && seqs.len() < 2 * threads
-        && h.kv_heads > 1
+        && (h.kv_heads > 1 || long)
         && keys * h.kv_heads * h.head_dim >= 1 << 13
     {
         // Too few sequences to share out (a batch-1 decode): each one's
-        // KV heads in runs, a part per run, so that the threads read the
-        // keys together (one thread alone is bound by the latency of its
-        // misses, well short of the memory bandwidth).
+        // KV heads in runs, and its keys in chunks, a part per run and
+        // chunk, so that the threads read the keys together (one thread
+        // alone is bound by the latency of its misses, well short of the
+        // memory bandwidth). A chunked sequence's parts go to a buffer of
+        // its chunks' results, merged once all are done.
         let runs = (2 * threads).div_ceil(seqs.len()).min(h.kv_heads);
         let step = h.kv_heads.div_ceil(runs);
-        let units: Vec<(usize, usize)> = (0..seqs.len())
-            .flat_map(|i| (0..h.kv_heads).step_by(step).map(move |g| (i, g)))
+        let n: Vec<usize> = seqs.iter().map(|s| chunks(s.slots.len())).collect();
+        // Sequence i's chunks' results from base[i] (per_seq floats a
+        // chunk) and their statistics from base[i] / head_dim * 2.
+        let mut base = vec![0usize; seqs.len()];
+        let mut total = 0;
+        for (b, &n) in base.iter_mut().zip(&n) {
+            *b = total;
+            if n > 1 {
+                total += n * per_seq;
+            }
+        }
+        let mut parts = vec![0f32; total];
+        let mut stats = vec![0f32; total / h.head_dim * 2];
+        let units: Vec<(usize, usize, usize)> = (0..seqs.len())
+            .flat_map(|i| {
+                let n = n[i];
+                (0..h.kv_heads)
+                    .step_by(step)
+                    .flat_map(move |g| (0..n).map(move |c| (i, g, c)))
+            })
             .collect();
-        let group_len = h.heads / h.kv_heads * h.head_dim;
+        let group = h.heads / h.kv_heads;
+        let group_len = group * h.head_dim;
         let out_ptr = OutPtr(out.as_mut_ptr());
-        let out_ptr = &out_ptr;
+        let parts_ptr = OutPtr(parts.as_mut_ptr());
+        let stats_ptr = OutPtr(stats.as_mut_ptr());
+        let (out_ptr, parts_ptr, stats_ptr) = (&out_ptr, &parts_ptr, &stats_ptr);
         w.run(units.len(), |u| {
-            let (i, g0) = units[u];
+            let (i, g0, c) = units[u];
             let g1 = (g0 + step).min(h.kv_heads);
+            let rows = (g1 - g0) * group;
+            let mut own = Vec::new();
             #[allow(unsafe_code)]
-            // SAFETY: `out` holds seqs.len() * per_seq floats and outlives
-            // `run`; the query heads of KV heads g0..g1 of sequence i are
-            // written by this unit alone.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(
-                    out_ptr.0.add(i * per_seq + g0 * group_len),
-                    (g1 - g0) * group_len,
-                )
+            // SAFETY: `out` holds seqs.len() * per_seq floats, `parts`
+            // n[i] * per_seq from base[i] for each chunked sequence i and
+            // `stats` a 2 / head_dim share of that, all outliving `run`;
+            // the query heads of KV heads g0..g1 of sequence i (of its
+            // chunk c) are written by this unit alone.
+            let (o, st) = unsafe {
+                if n[i] == 1 {
+                    own.resize(2 * rows, 0.0);
+                    (
+                        std::slice::from_raw_parts_mut(
+                            out_ptr.0.add(i * per_seq + g0 * group_len),
+                            rows * h.head_dim,
+                        ),
+                        &mut own[..],
+                    )
+                } else {
+                    let at = base[i] + c * per_seq + g0 * group_len;
+                    (
+                        std::slice::from_raw_parts_mut(parts_ptr.0.add(at), rows * h.head_dim),
+                        std::slice::from_raw_parts_mut(
+                            stats_ptr.0.add(at / h.head_dim * 2),
+                            2 * rows,
+                        ),
+                    )
+                }
             };
-            one_seq(q, k, v, &seqs[i], h, g0..g1, o);
+            one_seq(q, k, v, &chunk(&seqs[i], c, n[i]), h, g0..g1, o, st);
         });
+        for (i, &n) in n.iter().enumerate() {
+            if n > 1 {
+                let len = n * per_seq;
+                merge_chunks(
+                    &parts[base[i]..][..len],
+                    &stats[base[i] / h.head_dim * 2..][..len / h.head_dim * 2],
+                    h.head_dim,
+                    &mut out[i * per_seq..][..per_seq],
+                );
+            }
+        }
         return;
     }
     // Split the sequences across threads by the number of keys they read,
@@ -351,7 +429,7 @@ pub(crate) fn decode_into<T: KvElem>(
         Some(w) if parts_wanted > 1 => w,
         _ => {
             for (s, o) in seqs.iter().zip(out.chunks_exact_mut(per_seq)) {
-                one_seq(q, k, v, s, h, 0..h.kv_heads, o);
+                whole_seq(q, k, v, s, h, o);
             }
             return;
         }
@@ -379,9 +457,64 @@ pub(crate) fn decode_into<T: KvElem>(
             // `run`; each sequence's range is written by the one part that
             // holds it.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * per_seq), per_seq) };
-            one_seq(q, k, v, s, h, 0..h.kv_heads, o);
+            whole_seq(q, k, v, s, h, o);
         }
     });
+}
+
+/// One sequence's attention, all its heads (`out`: heads * head_dim
+/// floats), on the calling thread: its chunks of keys (see [`CHUNK`]) one
+/// after another, then merged.
+fn whole_seq<T: KvElem>(q: &[f32], k: &[T], v: &[T], s: &DecodeSeq<'_>, h: Heads, out: &mut [f32]) {
+    let n = chunks(s.slots.len());
+    let per_seq = h.heads * h.head_dim;
+    let mut stats = vec![0f32; n * 2 * h.heads];
+    if n == 1 {
+        one_seq(q, k, v, s, h, 0..h.kv_heads, out, &mut stats);
+        return;
+    }
+    let mut parts = vec![0f32; n * per_seq];
+    for (c, (o, st)) in parts
+        .chunks_exact_mut(per_seq)
+        .zip(stats.chunks_exact_mut(2 * h.heads))
+        .enumerate()
+    {
+        one_seq(q, k, v, &chunk(s, c, n), h, 0..h.kv_heads, o, st);
+    }
+    merge_chunks(&parts, &stats, h.head_dim, out);
+}
+
+/// A sequence's attention from its chunks' ([`CHUNK`]): `parts` holds each
+/// chunk's result for every head (`out.len()` floats a chunk, each head's
+/// softmax over that chunk's keys alone), `stats` each chunk's maximum and
+/// sum for every head (see [`softmax_rows`]). Each head's result is the
+/// chunks' results weighted by their share of the whole softmax's sum,
+/// `e^(max_c - max) sum_c`, added in chunk order.
+fn merge_chunks(parts: &[f32], stats: &[f32], head_dim: usize, out: &mut [f32]) {
+    let len = out.len();
+    let rows = len / head_dim;
+    let n = parts.len() / len;
+    for (r, o) in out.chunks_exact_mut(head_dim).enumerate() {
+        let st = |c: usize| (stats[c * 2 * rows + 2 * r], stats[c * 2 * rows + 2 * r + 1]);
+        let max = (0..n).map(|c| st(c).0).fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f32> = (0..n)
+            .map(|c| {
+                let (m, sum) = st(c);
+                exp(m - max) * sum
+            })
+            .collect();
+        let inv = 1.0 / weights.iter().sum::<f32>();
+        o.fill(0.0);
+        for (c, w) in weights.iter().enumerate() {
+            let w = w * inv;
+            for (o, p) in o
+                .iter_mut()
+                .zip(&parts[c * len + r * head_dim..][..head_dim])
+            {
+                *o += w * p;
+            }
+        }
+    }
 }
 
 /// The output buffer, shared by the parts that write disjoint ranges of it.
@@ -395,6 +528,7 @@ unsafe impl Sync for OutPtr {}
 /// theirs alone), compiled for AVX2 + FMA when the CPU has them (the choice
 /// is per machine, and each head is computed alike whatever the range, so
 /// results never depend on the batch).
+#[allow(clippy::too_many_arguments)]
 fn one_seq<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -403,19 +537,21 @@ fn one_seq<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if *HAS_AVX512 && !ATTN_AVX2.load(std::sync::atomic::Ordering::Relaxed) {
         #[allow(unsafe_code)]
         // SAFETY: the CPU supports AVX-512F (checked at run time).
-        if unsafe { avx512::one_seq(q, k, v, s, h, gs.clone(), out) } {
+        if unsafe { avx512::one_seq(q, k, v, s, h, gs.clone(), out, stats) } {
             return;
         }
     }
-    one_seq_portable(q, k, v, s, h, gs, out);
+    one_seq_portable(q, k, v, s, h, gs, out, stats);
 }
 
 /// [`one_seq`] without the AVX-512 kernel: any head dim.
+#[allow(clippy::too_many_arguments)]
 fn one_seq_portable<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -424,6 +560,7 @@ fn one_seq_portable<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if *HAS_AVX2_FMA {
@@ -431,14 +568,14 @@ fn one_seq_portable<T: KvElem>(
         // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run
         // time).
         unsafe {
-            if avx2::one_seq(q, k, v, s, h, gs.clone(), out) {
+            if avx2::one_seq(q, k, v, s, h, gs.clone(), out, stats) {
                 return;
             }
-            one_seq_avx2(q, k, v, s, h, gs, out)
+            one_seq_avx2(q, k, v, s, h, gs, out, stats)
         };
         return;
     }
-    one_seq_body(q, k, v, s, h, gs, out);
+    one_seq_body(q, k, v, s, h, gs, out, stats);
 }
 
 /// Whether decode attention runs its AVX2 kernel on an AVX-512 CPU.
@@ -446,8 +583,7 @@ static ATTN_AVX2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 
 /// Sets, for the whole process, whether decode attention runs its AVX2
 /// kernel on a CPU with AVX-512 (every AVX-512 CPU has AVX2, FMA and
-/// F16C): for comparisons (`attntime`'s `ATTN_AB`, `steptime`'s
-/// `ATTN_AVX2_AB`). The results agree to float32 rounding, not to the bit
+/// F16C): for comparisons (`attntime`'s `ATTN_AB`). The results agree to float32 rounding, not to the bit
 /// (the sums are added in another order).
 pub fn set_attn_avx2(on: bool) {
     ATTN_AVX2.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -466,6 +602,7 @@ static HAS_AVX2_FMA: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 fn one_seq_avx2<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -474,11 +611,13 @@ fn one_seq_avx2<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) {
-    one_seq_body(q, k, v, s, h, gs, out);
+    one_seq_body(q, k, v, s, h, gs, out, stats);
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn one_seq_body<T: KvElem>(
     q: &[f32],
     k: &[T],
@@ -487,6 +626,7 @@ fn one_seq_body<T: KvElem>(
     h: Heads,
     gs: Range<usize>,
     out: &mut [f32],
+    stats: &mut [f32],
 ) {
     let hd = h.head_dim;
     let group = h.heads / h.kv_heads;
@@ -503,7 +643,12 @@ fn one_seq_body<T: KvElem>(
                 scores[i * t + j] = dot(qh, key) * scale;
             }
         }
-        softmax_rows(&mut scores, t, h.softcap);
+        softmax_rows(
+            &mut scores,
+            t,
+            h.softcap,
+            &mut stats[(g - gs.start) * group * 2..][..group * 2],
+        );
         let og = &mut out[(g - gs.start) * group * hd..][..group * hd];
         og.fill(0.0);
         for (j, &slot) in s.slots.iter().enumerate() {
@@ -528,28 +673,52 @@ fn as_f32<'a, T: KvElem>(row: &'a [T], wide: &'a mut [f32]) -> &'a [f32] {
 }
 
 /// Each row (`t` scores) of `scores` soft-capped (when `softcap`) and
-/// turned into its softmax, in place. Inlined, so it is compiled with the
-/// caller's target features.
+/// turned into its softmax, in place; `stats` gets each row's largest
+/// (capped) score and its sum of exponentials after that is subtracted
+/// (two floats a row), for merging chunks of a sequence's keys
+/// ([`merge_chunks`]). The maximum and the sum are taken over 16 lanes
+/// (vectorised; one chain of scalar adds was a third of the softmax's
+/// time), the lanes then combined in a fixed order. Inlined, so it is
+/// compiled with the caller's target features.
 #[inline(always)]
-fn softmax_rows(scores: &mut [f32], t: usize, softcap: Option<f32>) {
+fn softmax_rows(scores: &mut [f32], t: usize, softcap: Option<f32>, stats: &mut [f32]) {
     if let Some(cap) = softcap {
         for x in scores.iter_mut() {
             *x = (*x / cap).tanh() * cap;
         }
     }
-    for row in scores.chunks_exact_mut(t) {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
+    for (row, st) in scores.chunks_exact_mut(t).zip(stats.chunks_exact_mut(2)) {
+        let mut m = [f32::NEG_INFINITY; 16];
+        let lanes = row.chunks_exact(16);
+        for x in lanes.remainder() {
+            m[0] = if *x > m[0] { *x } else { m[0] };
+        }
+        for c in lanes {
+            for (m, &x) in m.iter_mut().zip(c) {
+                *m = if x > *m { x } else { *m };
+            }
+        }
+        let max = m.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         for x in row.iter_mut() {
             *x = exp(*x - max);
         }
-        for x in row.iter() {
-            sum += *x;
+        let mut a = [0f32; 16];
+        let lanes = row.chunks_exact(16);
+        for x in lanes.remainder() {
+            a[0] += *x;
         }
+        for c in lanes {
+            for (a, &x) in a.iter_mut().zip(c) {
+                *a += x;
+            }
+        }
+        let sum = a.iter().sum::<f32>();
         let inv = 1.0 / sum;
         for x in row.iter_mut() {
             *x *= inv;
         }
+        st[0] = max;
+        st[1] = sum;
     }
 }
 

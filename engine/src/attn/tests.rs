@@ -27,6 +27,11 @@ fn seqs_of(tables: &[Vec<i64>]) -> Vec<DecodeSeq<'_>> {
 }
 
 /// The largest absolute difference between two outputs.
+/// Room for a sequence's softmax statistics (two floats a query head).
+fn stats(h: Heads) -> Vec<f32> {
+    vec![0.0; 2 * h.heads]
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
@@ -124,8 +129,8 @@ fn avx2_kernel_matches_the_portable_body() {
     #[allow(unsafe_code)]
     kernel_matches_the_portable_body(
         &[8, 24, 64, 128, 256],
-        |q, k, v, s, h, o| unsafe { avx2::one_seq(q, k, v, s, h, 0..h.kv_heads, o) },
-        |q, k, v, s, h, o| unsafe { avx2::one_seq(q, k, v, s, h, 0..h.kv_heads, o) },
+        |q, k, v, s, h, o, st| unsafe { avx2::one_seq(q, k, v, s, h, 0..h.kv_heads, o, st) },
+        |q, k, v, s, h, o, st| unsafe { avx2::one_seq(q, k, v, s, h, 0..h.kv_heads, o, st) },
     );
 }
 
@@ -143,19 +148,29 @@ fn avx512_kernel_matches_the_portable_body() {
     #[allow(unsafe_code)]
     kernel_matches_the_portable_body(
         &[16, 32, 64, 128, 256],
-        |q, k, v, s, h, o| unsafe { avx512::one_seq(q, k, v, s, h, 0..h.kv_heads, o) },
-        |q, k, v, s, h, o| unsafe { avx512::one_seq(q, k, v, s, h, 0..h.kv_heads, o) },
+        |q, k, v, s, h, o, st| unsafe { avx512::one_seq(q, k, v, s, h, 0..h.kv_heads, o, st) },
+        |q, k, v, s, h, o, st| unsafe { avx512::one_seq(q, k, v, s, h, 0..h.kv_heads, o, st) },
     );
 }
 
 /// A kernel's result (`f32k` on a float32 cache, `f16k` on a float16 one)
-/// against the portable body's, within float32 rounding, for groups of
-/// 3, 4 and 5 query heads a KV head at each head dim in `hds`.
+/// and softmax statistics (each head's maximum and sum) against the
+/// portable body's, within float32 rounding, for groups of 3, 4 and 5
+/// query heads a KV head at each head dim in `hds`.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
 fn kernel_matches_the_portable_body(
     hds: &[i64],
-    f32k: impl Fn(&[f32], &[f32], &[f32], &DecodeSeq<'_>, Heads, &mut [f32]) -> bool,
-    f16k: impl Fn(&[f32], &[half::f16], &[half::f16], &DecodeSeq<'_>, Heads, &mut [f32]) -> bool,
+    f32k: impl Fn(&[f32], &[f32], &[f32], &DecodeSeq<'_>, Heads, &mut [f32], &mut [f32]) -> bool,
+    f16k: impl Fn(
+        &[f32],
+        &[half::f16],
+        &[half::f16],
+        &DecodeSeq<'_>,
+        Heads,
+        &mut [f32],
+        &mut [f32],
+    ) -> bool,
 ) {
     tch::manual_seed(17);
     for (hd, nh) in hds.iter().flat_map(|&hd| [6i64, 8, 10].map(|nh| (hd, nh))) {
@@ -178,25 +193,44 @@ fn kernel_matches_the_portable_body(
                 "head dim {hd}, {nh} heads, {what}: differs by {worst}"
             );
         };
+        // Maxima and sums, relative to their size.
+        let check_stats = |got: &[f32], want: &[f32], what: &str| {
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "head dim {hd}, {nh} heads, {what}: statistics {got:?} against {want:?}"
+                );
+            }
+        };
         let (ks, vs) = (f32_view(&k).expect("k"), f32_view(&v).expect("v"));
         let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
-        assert!(f32k(qs, ks, vs, &s, h, &mut got), "head dim {hd} not taken");
-        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+        let (mut got_st, mut want_st) = (stats(h), stats(h));
+        assert!(
+            f32k(qs, ks, vs, &s, h, &mut got, &mut got_st),
+            "head dim {hd} not taken"
+        );
+        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want, &mut want_st);
         check(&got, &want, "float32 cache");
+        check_stats(&got_st, &want_st, "float32 cache");
         let (k16, v16) = (k.to_kind(Kind::Half), v.to_kind(Kind::Half));
         let (ks, vs) = (
             kv_view::<half::f16>(&k16).expect("k"),
             kv_view::<half::f16>(&v16).expect("v"),
         );
-        assert!(f16k(qs, ks, vs, &s, h, &mut got), "head dim {hd} not taken");
-        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want);
+        assert!(
+            f16k(qs, ks, vs, &s, h, &mut got, &mut got_st),
+            "head dim {hd} not taken"
+        );
+        one_seq_body(qs, ks, vs, &s, h, 0..h.kv_heads, &mut want, &mut want_st);
         check(&got, &want, "float16 cache");
+        check_stats(&got_st, &want_st, "float16 cache");
     }
 }
 
 /// Split over the workers (enough keys to split), every sequence's
 /// result is the one it gets alone on the calling thread, bit for bit:
-/// by sequences, and (one or two sequences) by runs of KV heads.
+/// by sequences, and (one or two sequences) by runs of KV heads and
+/// chunks of keys (sequences of 40 to 940 keys: one to four chunks).
 #[test]
 fn split_over_workers_changes_nothing() {
     tch::manual_seed(5);
@@ -269,6 +303,61 @@ fn matches_sdpa() {
     }
 }
 
+/// Sequences longer than a chunk of keys ([`CHUNK`]), whose chunks'
+/// results are merged, agree with libtorch's SDPA on the gathered keys:
+/// one alone (its chunks shared out over the threads, and on the calling
+/// thread), with two others, and with one KV head (whose single
+/// sequence's chunks are the only work to share).
+#[test]
+fn long_sequences_match_sdpa() {
+    tch::manual_seed(11);
+    for nkv in [3i64, 1] {
+        let (nh, hd, slots) = (9i64, 64i64, 2048i64);
+        let k = randn([slots, nkv, hd]);
+        let v = randn([slots, nkv, hd]);
+        let q = randn([3, nh, hd]) * 2.0;
+        let tables: Vec<Vec<i64>> = [1500i64, 257, 700]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (0..len).map(|j| (j * 5 + 3 * i as i64) % slots).collect())
+            .collect();
+        let h = heads(nh, nkv, hd, 1.0 / (hd as f32).sqrt());
+        let (qs, ks, vs) = (
+            f32_view(&q).expect("q"),
+            f32_view(&k).expect("k"),
+            f32_view(&v).expect("v"),
+        );
+        let workers = crate::workers::Workers::new(2).expect("workers");
+        for n in [1, 3] {
+            let seqs = seqs_of(&tables[..n]);
+            for pool in [None, Some(&workers)] {
+                let got = decode(qs, ks, vs, &seqs, h, pool);
+                for (i, t) in tables[..n].iter().enumerate() {
+                    let idx = Tensor::from_slice(t);
+                    let kk = k.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                    let vv = v.index_select(0, &idx).transpose(0, 1).unsqueeze(0);
+                    let qq = q.narrow(0, i as i64, 1).transpose(0, 1).unsqueeze(0);
+                    let want = Tensor::scaled_dot_product_attention::<Tensor>(
+                        &qq, &kk, &vv, None, 0.0, false, None, true,
+                    )
+                    .squeeze_dim(0)
+                    .transpose(0, 1)
+                    .contiguous();
+                    let want = f32_view(&want).expect("want").to_vec();
+                    let per = (nh * hd) as usize;
+                    let diff = max_diff(&got[i * per..(i + 1) * per], &want);
+                    assert!(
+                        diff < 1e-5,
+                        "{nkv} KV heads, {n} seqs, seq {i} ({} keys), pool {}: max diff {diff}",
+                        t.len(),
+                        pool.is_some()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Both ways of one sequence (the AVX-512 kernel where the CPU and head
 /// dim allow, and the portable body) agree with libtorch's SDPA on the
 /// gathered keys, for every head dim the AVX-512 kernel takes and one
@@ -317,8 +406,17 @@ fn both_paths_match_sdpa<T: KvElem>() {
             );
             let mut fast = vec![0f32; (nh * hd) as usize];
             let mut portable = fast.clone();
-            one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut fast);
-            one_seq_portable(qs, ks, vs, &s, h, 0..h.kv_heads, &mut portable);
+            one_seq(qs, ks, vs, &s, h, 0..h.kv_heads, &mut fast, &mut stats(h));
+            one_seq_portable(
+                qs,
+                ks,
+                vs,
+                &s,
+                h,
+                0..h.kv_heads,
+                &mut portable,
+                &mut stats(h),
+            );
             for (name, got) in [("dispatched", &fast), ("portable", &portable)] {
                 let diff = max_diff(got, &want);
                 assert!(
