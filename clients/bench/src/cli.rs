@@ -40,6 +40,19 @@ pub enum Command {
     /// Drive a running server with N concurrent streams or Poisson arrivals
     /// and report TTFT, ITL and output tok/s per API.
     Load(Box<LoadArgs>),
+    /// Measure this machine's memory copy and read bandwidth (L1's
+    /// ceilings) on huge pages and on small ones, alternated.
+    Ceilings(CeilingsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CeilingsArgs {
+    /// Threads that copy or read at once. Default: the machine's cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Rounds, each measuring both kinds of page.
+    #[arg(long, default_value_t = 8)]
+    pub rounds: usize,
 }
 
 #[derive(Debug, Args)]

@@ -35,6 +35,16 @@ fn main() -> std::process::ExitCode {
             match cli.command {
                 cli::Command::Run(args) => run_cmd::main(*args).await,
                 cli::Command::Load(args) => load_cmd::main(*args).await,
+                cli::Command::Ceilings(args) => {
+                    let threads = args.threads.unwrap_or_else(|| {
+                        std::thread::available_parallelism().map_or(1, |n| n.get())
+                    });
+                    tokio::task::spawn_blocking(move || {
+                        ceilings::compare_pages(threads, args.rounds);
+                    })
+                    .await
+                    .map_err(Into::into)
+                }
             }
         }),
     };

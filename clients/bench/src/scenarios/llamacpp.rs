@@ -30,14 +30,20 @@
 //! Ceilings (`ceilings.rs`): at 1 stream, the weights a decode step reads
 //! (`gguf_info.rs`) over the memory copy bandwidth gives the bandwidth limit
 //! in tokens/s, and each server's decode rate (1 / time per output token
-//! p50) is shown as a share of it (target for gyre on an f32 file: >= 80%);
-//! the bandwidth is measured just before each 1-stream round (the median
-//! counts), since it moved 2x within minutes on the shared machine, as
-//! well as once at the start of the run. Beside it, the memory read
-//! bandwidth (measured at the same moments) against the weights' bytes
-//! read per second: a decode reads and barely writes, and on a machine
-//! that reads slower than it copies (a 2-core Zen 3 here: 27-33 GB/s read,
-//! 33-53 GB/s copied) the copy-based limit is out of reach. At 16 streams,
+//! p50) is shown as a share of it (target for gyre on an f32 file: >= 80%).
+//! The bandwidth moved 2x within seconds on the shared machines, so at 1
+//! stream it is measured before the first round and after each server's
+//! round, and each round's decode rate is held against the mean of the
+//! measurements just before and just after it: the share shown is the
+//! median of the rounds' shares (the bandwidth shown, the median of the
+//! rounds' means; the run's first measurement stands in where there are
+//! none). Beside it, the memory read bandwidth (measured at the same
+//! moments) against the weights' bytes read per second: a decode reads and
+//! barely writes, and on a machine that reads slower than it copies (a
+//! 2-core Zen 3 here: 27-33 GB/s read, 33-53 GB/s copied; a 2-core Zen 4:
+//! 34-36 GB/s read, 45-47 GB/s copied, both on huge pages) the copy-based
+//! limit is out of reach. Both are measured on huge pages, as the engine
+//! keeps its weights (`ceilings.rs`). At 16 streams,
 //! 2 x the matrices' parameters x output tok/s is shown against the f32
 //! matrix-product peak, measured once per run, and beside it the
 //! arithmetic of the prompts and the outputs together (each prompt position
@@ -113,14 +119,23 @@ struct Level {
     rounds_tok_per_s: Vec<f64>,
     /// Over every round's requests.
     summary: Summary,
-    /// At 1 stream, the median of the memory copy bandwidth measured just
-    /// before each round (both servers' rounds follow it), for the decode
-    /// rate's share of the bandwidth limit at the time.
-    copy_bandwidth: Option<f64>,
-    /// At 1 stream, the median of the memory read bandwidth measured just
-    /// before each round, beside the copy bandwidth: the most a decode,
+    /// At 1 stream, each round's decode rate with the memory bandwidth
+    /// measured around it (the mean of the measurements just before and
+    /// just after this server's round), for the decode rate's share of the
+    /// bandwidth limit at the time.
+    rounds_bandwidth: Vec<RoundBandwidth>,
+}
+
+/// One 1-stream round's decode rate and the bandwidth measured around it.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct RoundBandwidth {
+    /// 1 / time per output token (p50) of the round's request.
+    decode_tok_per_s: f64,
+    /// Memory copy bandwidth, bytes read + written per second.
+    copy: f64,
+    /// Memory read bandwidth, bytes read per second: the most a decode,
     /// which reads its weights and writes little, could stream.
-    read_bandwidth: Option<f64>,
+    read: f64,
 }
 
 impl Level {
@@ -128,6 +143,33 @@ impl Level {
     /// (p50), prefill left out.
     fn decode_tok_per_s(&self) -> f64 {
         1e3 / self.summary.tpot_ms.p50
+    }
+
+    /// The median over the rounds of the copy bandwidth measured around
+    /// each.
+    fn copy_bandwidth(&self) -> Option<f64> {
+        let all: Vec<f64> = self.rounds_bandwidth.iter().map(|r| r.copy).collect();
+        (!all.is_empty()).then(|| super::median(&all))
+    }
+
+    /// The median over the rounds of the read bandwidth measured around
+    /// each.
+    fn read_bandwidth(&self) -> Option<f64> {
+        let all: Vec<f64> = self.rounds_bandwidth.iter().map(|r| r.read).collect();
+        (!all.is_empty()).then(|| super::median(&all))
+    }
+
+    /// The median over the rounds of each round's weights streamed per
+    /// second (`bytes` a token) over the bandwidth `of` it measured around
+    /// that round: each round against its own moment, so the machine's
+    /// speed moving between rounds cancels.
+    fn paired_share(&self, bytes: f64, of: fn(&RoundBandwidth) -> f64) -> Option<f64> {
+        let all: Vec<f64> = self
+            .rounds_bandwidth
+            .iter()
+            .map(|r| r.decode_tok_per_s * bytes / of(r))
+            .collect();
+        (!all.is_empty()).then(|| super::median(&all))
     }
 
     fn latency(&self) -> String {
@@ -347,28 +389,43 @@ async fn measure_started(
         clients.push(c);
     }
     let mut levels: [Vec<Level>; 2] = [Vec::new(), Vec::new()];
+    let threads = ctx.threads;
+    let bandwidth = || async move {
+        tokio::task::spawn_blocking(move || {
+            (
+                ceilings::copy_bandwidth(threads),
+                ceilings::read_bandwidth(threads),
+            )
+        })
+        .await
+    };
     for &n in &ctx.streams {
         let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
         let mut records: [Vec<Record>; 2] = [Vec::new(), Vec::new()];
-        let (mut bandwidths, mut reads) = (Vec::new(), Vec::new());
+        let mut paired: [Vec<RoundBandwidth>; 2] = [Vec::new(), Vec::new()];
+        // At 1 stream, the bandwidth before each server's round (the one
+        // after the previous round) and after it.
+        let mut before = if n == 1 {
+            Some(bandwidth().await?)
+        } else {
+            None
+        };
         for r in 0..ctx.rounds.max(1) {
-            if n == 1 {
-                let threads = ctx.threads;
-                let (copy, read) = tokio::task::spawn_blocking(move || {
-                    (
-                        ceilings::copy_bandwidth(threads),
-                        ceilings::read_bandwidth(threads),
-                    )
-                })
-                .await?;
-                bandwidths.push(copy);
-                reads.push(read);
-            }
             let first = (index + r) % 2;
             for e in [first, 1 - first] {
                 let got = round(ctx, &clients[e], vocab, n, r).await;
                 let got = pair.explain(ENGINES[e], got)?;
-                rates[e].push(Summary::of(&got).output_tok_per_s);
+                let summary = Summary::of(&got);
+                if let Some((copy0, read0)) = before {
+                    let (copy1, read1) = bandwidth().await?;
+                    paired[e].push(RoundBandwidth {
+                        decode_tok_per_s: 1e3 / summary.tpot_ms.p50,
+                        copy: (copy0 + copy1) / 2.0,
+                        read: (read0 + read1) / 2.0,
+                    });
+                    before = Some((copy1, read1));
+                }
+                rates[e].push(summary.output_tok_per_s);
                 records[e].extend(got);
             }
         }
@@ -378,8 +435,7 @@ async fn measure_started(
                 tok_per_s: super::median(&rates[e]),
                 rounds_tok_per_s: std::mem::take(&mut rates[e]),
                 summary: Summary::of(&records[e]),
-                copy_bandwidth: (!bandwidths.is_empty()).then(|| super::median(&bandwidths)),
-                read_bandwidth: (!reads.is_empty()).then(|| super::median(&reads)),
+                rounds_bandwidth: std::mem::take(&mut paired[e]),
             });
         }
     }
@@ -456,10 +512,10 @@ async fn compare(
     if let Some(result) = ppl_result {
         rows.push(ppl_row(&ctx.ppl, chunks, result));
     }
-    // The copy bandwidth measured beside this file's 1-stream rounds.
+    // The copy bandwidth measured around this file's 1-stream rounds.
     let bandwidth = gyre
         .iter()
-        .find_map(|l| l.copy_bandwidth)
+        .find_map(Level::copy_bandwidth)
         .unwrap_or(ceilings.copy_bandwidth);
     let details = json!({
         "perplexity": ppl_details,
@@ -472,7 +528,7 @@ async fn compare(
         "params_per_token": info.params_per_token(),
         "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_limit_tok_per_s": bandwidth / info.bytes_per_token() as f64,
-        "read_bandwidth_bytes_per_s": gyre.iter().find_map(|l| l.read_bandwidth),
+        "read_bandwidth_bytes_per_s": gyre.iter().find_map(Level::read_bandwidth),
         "gyre": gyre,
         "llama_cpp": llama,
     });
@@ -603,8 +659,7 @@ mod tests {
             tok_per_s,
             rounds_tok_per_s: vec![tok_per_s],
             summary: Summary::of(&[record(64, gap_ms)]),
-            copy_bandwidth: None,
-            read_bandwidth: None,
+            rounds_bandwidth: Vec::new(),
         }
     }
 
