@@ -1,7 +1,9 @@
 """Output fidelity through the whole stack, for every tiny model.
 
 Each model's golden.json holds the greedy continuation transformers produced
-for `prompt_ids` with EOS disabled (`greedy_ids`, decoded as `greedy_text`).
+for `prompt_ids` with EOS disabled (`greedy_ids`; `greedy_text` is the text
+they add after the prompt, as transformers' text-generation pipeline returns
+it, and `greedy_decoded` the ids decoded alone).
 gyre must reproduce it exactly: the token ids over gRPC (`GenerateStream`
 deltas carry them), the text over the OpenAI shim (`/v1/completions` with a
 token-id prompt and the vLLM-style `ignore_eos` extension), and both in the
@@ -65,7 +67,7 @@ def test_detokenize_greedy_ids_matches_transformers(case):
     name, server, gold = case
     body = {"model": name, "tokenIds": gold["greedy_ids"]}
     res = harness.buf_curl(server.grpc, "gyre.v1.Generation/Detokenize", body).ok()
-    assert res.messages[0]["text"] == gold["greedy_text"]
+    assert res.messages[0]["text"] == gold["greedy_decoded"]
 
 
 def test_tokenize_prompt_matches_transformers(case):

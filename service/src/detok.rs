@@ -8,8 +8,18 @@
 //! already released and does not end in U+FFFD (an incomplete character).
 //! Text is never withheld for good: when a token changes how the window's
 //! earlier tokens decode (see `released`), what differs is released again.
+//!
+//! The window starts on the prompt's last few tokens ([`CONTEXT`],
+//! [`IncrementalDecoder::with_context`]), so the first generated token
+//! decodes as it does after the prompt: a SentencePiece tokenizer drops a
+//! word's leading space at the start of a text, and decoded alone the
+//! first token of " world" after "Hello" came out as "world" (llama.cpp's
+//! server and vLLM keep the space).
 
 use tokenizers::Tokenizer;
+
+/// Prompt tokens the window starts on (vLLM's initial offset, 5).
+pub const CONTEXT: usize = 5;
 
 pub struct IncrementalDecoder {
     ids: Vec<u32>,
@@ -24,6 +34,18 @@ impl IncrementalDecoder {
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
+            skip_special,
+        }
+    }
+
+    /// A decoder whose first token follows `prompt` (its last [`CONTEXT`]
+    /// tokens are the window's start; none of their text is released).
+    pub fn with_context(skip_special: bool, prompt: &[u32]) -> Self {
+        let ids = prompt[prompt.len().saturating_sub(CONTEXT)..].to_vec();
+        Self {
+            read_offset: ids.len(),
+            ids,
+            prefix_offset: 0,
             skip_special,
         }
     }

@@ -30,6 +30,9 @@ pub struct Config {
     pub reasoning: Option<Splitter>,
     /// Parse tool calls out of the answer, in this format.
     pub tool_format: Option<ToolFormat>,
+    /// The prompt's token ids (its last few start the detokenizer's window,
+    /// see [`IncrementalDecoder::with_context`]); empty: none.
+    pub context: Vec<u32>,
 }
 
 /// A tool call, or a fragment of one: the first fragment of a call carries
@@ -82,7 +85,7 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(config: Config) -> Self {
         Self {
-            detok: IncrementalDecoder::new(config.skip_special),
+            detok: IncrementalDecoder::with_context(config.skip_special, &config.context),
             stops: StopMatcher::new(config.stop),
             include_stop: config.include_stop,
             reasoning: config.reasoning,

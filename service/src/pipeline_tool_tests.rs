@@ -53,6 +53,7 @@ fn every_format_streams_fragments_of_the_openai_shape() {
             include_stop: false,
             reasoning: None,
             tool_format: Some(format),
+            context: Vec::new(),
         });
         let mut fragments: Vec<ToolCallPiece> = Vec::new();
         // Pieces of three characters, as tokens would come.
