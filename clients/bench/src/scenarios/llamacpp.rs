@@ -41,7 +41,7 @@
 //! moments) against the weights' bytes read per second: a decode reads and
 //! barely writes, and on a machine that reads slower than it copies (a
 //! 2-core Zen 3 here: 27-33 GB/s read, 33-53 GB/s copied; a 2-core Zen 4:
-//! 34-36 GB/s read, 45-47 GB/s copied, both on huge pages) the copy-based
+//! 35-37 GB/s read, 43-48 GB/s copied, both on huge pages) the copy-based
 //! limit is out of reach. Both are measured on huge pages, as the engine
 //! keeps its weights (`ceilings.rs`). At 16 streams,
 //! 2 x the matrices' parameters x output tok/s is shown against the f32
