@@ -28,7 +28,7 @@ fn pipeline_for(p: &Prepared) -> Pipeline {
         include_stop: p.include_stop,
         reasoning: p.reasoning.as_ref().map(|r| r.splitter()),
         tool_format: p.tool_format,
-        context: p.engine_req.prompt.clone(),
+        context: crate::detok::context(&p.engine_req.prompt).to_vec(),
     })
 }
 

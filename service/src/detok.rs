@@ -21,6 +21,11 @@ use tokenizers::Tokenizer;
 /// Prompt tokens the window starts on (vLLM's initial offset, 5).
 pub const CONTEXT: usize = 5;
 
+/// The prompt's tokens a decoder's window starts on: its last [`CONTEXT`].
+pub fn context(prompt: &[u32]) -> &[u32] {
+    &prompt[prompt.len().saturating_sub(CONTEXT)..]
+}
+
 pub struct IncrementalDecoder {
     ids: Vec<u32>,
     prefix_offset: usize,
@@ -30,18 +35,14 @@ pub struct IncrementalDecoder {
 
 impl IncrementalDecoder {
     pub fn new(skip_special: bool) -> Self {
-        Self {
-            ids: Vec::new(),
-            prefix_offset: 0,
-            read_offset: 0,
-            skip_special,
-        }
+        Self::with_context(skip_special, &[])
     }
 
     /// A decoder whose first token follows `prompt` (its last [`CONTEXT`]
-    /// tokens are the window's start; none of their text is released).
+    /// tokens, [`context`], are the window's start; none of their text is
+    /// released).
     pub fn with_context(skip_special: bool, prompt: &[u32]) -> Self {
-        let ids = prompt[prompt.len().saturating_sub(CONTEXT)..].to_vec();
+        let ids = context(prompt).to_vec();
         Self {
             read_offset: ids.len(),
             ids,

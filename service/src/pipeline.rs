@@ -30,8 +30,9 @@ pub struct Config {
     pub reasoning: Option<Splitter>,
     /// Parse tool calls out of the answer, in this format.
     pub tool_format: Option<ToolFormat>,
-    /// The prompt's token ids (its last few start the detokenizer's window,
-    /// see [`IncrementalDecoder::with_context`]); empty: none.
+    /// The prompt's token ids, or its last few (they start the
+    /// detokenizer's window, see [`IncrementalDecoder::with_context`]);
+    /// empty: none.
     pub context: Vec<u32>,
 }
 

@@ -145,18 +145,23 @@ impl Level {
         1e3 / self.summary.tpot_ms.p50
     }
 
+    /// The median over the rounds of `f` of each round; none without
+    /// rounds.
+    fn median_over(&self, f: impl Fn(&RoundBandwidth) -> f64) -> Option<f64> {
+        let all: Vec<f64> = self.rounds_bandwidth.iter().map(f).collect();
+        (!all.is_empty()).then(|| super::median(&all))
+    }
+
     /// The median over the rounds of the copy bandwidth measured around
     /// each.
     fn copy_bandwidth(&self) -> Option<f64> {
-        let all: Vec<f64> = self.rounds_bandwidth.iter().map(|r| r.copy).collect();
-        (!all.is_empty()).then(|| super::median(&all))
+        self.median_over(|r| r.copy)
     }
 
     /// The median over the rounds of the read bandwidth measured around
     /// each.
     fn read_bandwidth(&self) -> Option<f64> {
-        let all: Vec<f64> = self.rounds_bandwidth.iter().map(|r| r.read).collect();
-        (!all.is_empty()).then(|| super::median(&all))
+        self.median_over(|r| r.read)
     }
 
     /// The median over the rounds of each round's weights streamed per
@@ -164,12 +169,7 @@ impl Level {
     /// that round: each round against its own moment, so the machine's
     /// speed moving between rounds cancels.
     fn paired_share(&self, bytes: f64, of: fn(&RoundBandwidth) -> f64) -> Option<f64> {
-        let all: Vec<f64> = self
-            .rounds_bandwidth
-            .iter()
-            .map(|r| r.decode_tok_per_s * bytes / of(r))
-            .collect();
-        (!all.is_empty()).then(|| super::median(&all))
+        self.median_over(|r| r.decode_tok_per_s * bytes / of(r))
     }
 
     fn latency(&self) -> String {

@@ -1,8 +1,6 @@
 //! L1's rows for one file: each level's tok/s against its target, the
 //! latencies, and the ceilings' shares (see the parent module's comment).
 
-#[cfg(test)]
-use super::RoundBandwidth;
 use super::{Ceilings, Level, target};
 use crate::gguf_info::GgufInfo;
 use crate::report::Row;
@@ -163,6 +161,7 @@ pub(super) fn model_rows(
 
 #[cfg(test)]
 mod tests {
+    use super::super::RoundBandwidth;
     use super::super::tests::level;
     use super::*;
     use crate::ceilings::MatmulPeak;
