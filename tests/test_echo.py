@@ -149,3 +149,45 @@ def test_prompt_logprobs_over_grpc(qwen):
         assert events.index(e) < first_delta, "the prompt comes before the choice's deltas"
     bad = harness.buf_curl(qwen.grpc, "gyre.v1.Generation/GenerateStream", {**req, "promptLogprobs": 21})
     assert bad.rc != 0 and bad.error["code"] == "invalid_argument"
+
+
+def test_sentencepiece_token_strings_add_up_to_the_text(model_server):
+    """A SentencePiece tokenizer (tiny-mistral's) drops a word's leading space
+    from a token decoded alone ("▁capital" read "capital"); each string of a
+    listing is the token's text after the tokens before it, as in llama.cpp's
+    server and vLLM, so the strings add up to the text and `text_offset`
+    counts into it: echoed prompt and completion, whole and streamed, and
+    chat's `logprobs.content` adds up to the message."""
+    model = "tiny-mistral"
+    server = model_server(model)
+    body = dict(model=model, prompt="The capital of France is", max_tokens=STEPS, temperature=0,
+                ignore_eos=True, logprobs=2, echo=True)
+    reply = harness.http_json(server.http, "/v1/completions", body)
+    assert reply.status == 200, reply.body
+    out = reply.json()
+    spec.validate(spec.COMPLETION, out)
+    choice = out["choices"][0]
+    lp = choice["logprobs"]
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    assert " capital" in lp["tokens"] and " France" in lp["tokens"], lp["tokens"]
+    # Greedy: each output token is its position's most likely, listed
+    # among the alternatives under the same string.
+    for i in range(len(lp["tokens"]) - STEPS, len(lp["tokens"])):
+        assert lp["tokens"][i] in lp["top_logprobs"][i], (i, lp["tokens"][i], lp["top_logprobs"][i])
+    sse = harness.http_sse(server.http, "/v1/completions", {**body, "stream": True})
+    assert sse.status == 200 and sse.done, sse.raw[-500:]
+    tokens, text = [], ""
+    for chunk in sse.chunks():
+        for c in chunk["choices"]:
+            text += c["text"]
+            tokens += (c.get("logprobs") or {}).get("tokens", [])
+    assert (tokens, text) == (lp["tokens"], choice["text"])
+    chat = {"model": model, "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": STEPS, "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    reply = harness.http_json(server.http, "/v1/chat/completions", chat)
+    assert reply.status == 200, reply.body
+    c = reply.json()["choices"][0]
+    content = c["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == c["message"]["content"]
+    assert all(bytes(e["bytes"]) == e["token"].encode() for e in content)

@@ -11,6 +11,7 @@ use gyre_engine::{Event, FinishReason as EngineFinish};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::detok;
 use crate::error::ServiceError;
 use crate::grpc::{Mode, Out, Tag, event, fail};
 use crate::metrics::ChoiceMetrics;
@@ -28,7 +29,7 @@ fn pipeline_for(p: &Prepared) -> Pipeline {
         include_stop: p.include_stop,
         reasoning: p.reasoning.as_ref().map(|r| r.splitter()),
         tool_format: p.tool_format,
-        context: crate::detok::context(&p.engine_req.prompt).to_vec(),
+        context: detok::context(&p.engine_req.prompt).to_vec(),
     })
 }
 
@@ -80,6 +81,9 @@ pub(crate) async fn run(
     let mut pending_logprobs: Option<v1::TokenLogprob> = None;
     let mut m = ChoiceMetrics::new(&p.model.id, p.arrived, tag.index == 0);
     let mut prompt_logprobs: Vec<v1::TokenLogprob> = Vec::new();
+    // The tokens a log-probability's token strings are read after: the
+    // prompt's last few, then the choice's own tokens as they come.
+    let mut recent: Vec<u32> = detok::context(&p.engine_req.prompt).to_vec();
     // Speculative tokens (proposed, accepted) over the verification steps
     // seen so far; `None` while it has not speculated.
     let mut speculated: Option<(u32, u32)> = None;
@@ -165,7 +169,12 @@ pub(crate) async fn run(
                 (vec![echo], false)
             }
             Some(Event::PromptLogprobs(list)) => {
-                prompt_logprobs.extend(list.into_iter().map(|lp| token_logprob(&tok, lp)));
+                // The first batch starts at prompt token 1.
+                let prompt = &p.engine_req.prompt;
+                for lp in list {
+                    let at = (prompt_logprobs.len() + 1).min(prompt.len());
+                    prompt_logprobs.push(token_logprob(&tok, &prompt[..at], lp));
+                }
                 continue;
             }
             Some(Event::Speculated { proposed, accepted }) => {
@@ -181,11 +190,17 @@ pub(crate) async fn run(
                 continue;
             }
             Some(Event::Logprobs(lp)) => {
-                pending_logprobs = Some(token_logprob(&tok, lp));
+                pending_logprobs = Some(token_logprob(&tok, &recent, lp));
                 continue;
             }
             Some(Event::Token(t)) => {
                 generated += 1;
+                if p.engine_req.logprobs.is_some() {
+                    if recent.len() == detok::CONTEXT {
+                        recent.remove(0);
+                    }
+                    recent.push(t);
+                }
                 if let Some(a) = &p.admission {
                     a.generated();
                 }
@@ -305,20 +320,25 @@ fn reason_label(r: FinishReason) -> &'static str {
     }
 }
 
-/// A token's log-probabilities for the API, with each token's text.
-fn token_logprob(tok: &tokenizers::Tokenizer, lp: gyre_engine::TokenLogprobs) -> v1::TokenLogprob {
-    let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+/// A token's log-probabilities for the API, with each token's text as it
+/// reads after `before` (the tokens before it; [`detok::TokenTexts`]).
+fn token_logprob(
+    tok: &tokenizers::Tokenizer,
+    before: &[u32],
+    lp: gyre_engine::TokenLogprobs,
+) -> v1::TokenLogprob {
+    let mut texts = detok::TokenTexts::after(tok, before);
     v1::TokenLogprob {
         token_id: lp.token,
         logprob: lp.logprob,
-        token: text(lp.token),
+        token: texts.text(lp.token),
         top_logprobs: lp
             .top
             .into_iter()
             .map(|(id, logprob)| v1::TopLogprob {
                 token_id: id,
                 logprob,
-                token: text(id),
+                token: texts.text(id),
             })
             .collect(),
     }

@@ -106,3 +106,47 @@ fn released(prefix: &str, full: &str) -> usize {
         .find(|((_, a), b)| a != b)
         .map_or(prefix.len().min(full.len()), |((at, _), _)| at)
 }
+
+/// Token strings for log-probabilities: each token's text as it reads after
+/// the tokens before it (their last [`CONTEXT`]), so the strings of a
+/// choice's tokens add up to its text and `text_offset` counts into it.
+/// Decoded alone, a SentencePiece token loses the leading space of the word
+/// it starts (" Paris" came out as "Paris"); llama.cpp's server and vLLM
+/// keep it. A token whose text after the context is not an extension of the
+/// context's own (a byte-fallback byte that completes or breaks a
+/// character) is decoded alone, as before.
+pub struct TokenTexts<'a> {
+    tok: &'a Tokenizer,
+    ids: Vec<u32>,
+    /// The context's text; none where it is empty or failed to decode.
+    prefix: Option<String>,
+}
+
+impl<'a> TokenTexts<'a> {
+    /// Texts of tokens that follow `before`.
+    pub fn after(tok: &'a Tokenizer, before: &[u32]) -> Self {
+        let ids = context(before).to_vec();
+        let prefix = match ids.is_empty() {
+            true => None,
+            false => tok.decode(&ids, false).ok(),
+        };
+        Self { tok, ids, prefix }
+    }
+
+    /// `id`'s text after the context.
+    pub fn text(&mut self, id: u32) -> String {
+        if let Some(prefix) = &self.prefix {
+            self.ids.push(id);
+            let full = self.tok.decode(&self.ids, false);
+            self.ids.pop();
+            if let Some(rest) = full
+                .as_deref()
+                .ok()
+                .and_then(|f| f.strip_prefix(prefix.as_str()))
+            {
+                return rest.to_string();
+            }
+        }
+        self.tok.decode(&[id], false).unwrap_or_default()
+    }
+}

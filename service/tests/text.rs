@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use gyre_service::detok::IncrementalDecoder;
+use gyre_service::detok::{IncrementalDecoder, TokenTexts};
 use gyre_service::runtime::load_text;
 use serde_json::Value;
 
@@ -159,6 +159,44 @@ fn the_first_token_keeps_its_leading_space_after_the_prompt() {
     // The SentencePiece fixtures drop the space without the prompt, so the
     // check above is one that the old decoder fails.
     assert!(dropped > 0, "no split would have lost a leading space");
+}
+
+/// Log-probabilities' token strings, each read after the tokens before it,
+/// add up to the text past the first token (so `text_offset` counts into
+/// the text); and a token's string does not depend on which others were
+/// read after the same context before it (a listing's alternatives).
+/// Decoded alone, the SentencePiece fixtures' strings lose their words'
+/// leading spaces, which the last check makes sure of.
+#[test]
+fn logprob_token_strings_add_up_to_the_text() {
+    let text = "The cat sat on the mat. Then it said: \"hello, world\" twice, and 42 left.";
+    let mut alone_short = 0;
+    for name in MODELS {
+        let (tok, _) = load_text(&model_dir(name)).expect("loads");
+        let ids = tok.encode(text, false).expect("encode").get_ids().to_vec();
+        let whole = tok.decode(&ids, false).expect("decode");
+        let first = tok.decode(&ids[..1], false).expect("decode");
+        let want = whole.strip_prefix(first.as_str()).expect("a prefix");
+        let mut got = String::new();
+        for k in 1..ids.len() {
+            let s = TokenTexts::after(&tok, &ids[..k]).text(ids[k]);
+            let mut shared = TokenTexts::after(&tok, &ids[..k]);
+            for &other in &ids[..k] {
+                shared.text(other);
+            }
+            assert_eq!(shared.text(ids[k]), s, "{name}: token {k}");
+            got += &s;
+        }
+        assert_eq!(got, want, "{name}");
+        let alone: String = ids[1..]
+            .iter()
+            .map(|&id| tok.decode(&[id], false).expect("decode"))
+            .collect();
+        if alone.len() < want.len() {
+            alone_short += 1;
+        }
+    }
+    assert!(alone_short > 0, "no tokenizer lost a space decoded alone");
 }
 
 /// Found by the `detok` fuzz target: with a byte-fallback tokenizer, a
