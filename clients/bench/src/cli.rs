@@ -248,10 +248,14 @@ pub struct RunArgs {
     /// L1's new tokens per request (EOS ignored, so exactly this many).
     #[arg(long, default_value_t = 64)]
     pub l1_new_tokens: u32,
-    /// L1's rounds per level and server (the median counts). Default: 3
-    /// (1 with --quick).
+    /// L1's rounds per level and server above 1 stream (the median
+    /// counts). Default: 3 (1 with --quick).
     #[arg(long)]
     pub l1_rounds: Option<usize>,
+    /// L1's rounds per server at 1 stream, each a single request. Default:
+    /// 9 (1 with --quick).
+    #[arg(long)]
+    pub l1_solo_rounds: Option<usize>,
     /// L1's perplexity text: each file's perplexity on it, by gyre and by
     /// llama.cpp's `llama-perplexity` (beside --llama-server), over the same
     /// token ids (`llama-tokenize`).

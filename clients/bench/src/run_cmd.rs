@@ -94,6 +94,9 @@ pub async fn main(args: RunArgs) -> anyhow::Result<()> {
         prompt_len: args.l1_prompt_tokens,
         new_tokens: args.l1_new_tokens,
         rounds: args.l1_rounds.unwrap_or(if args.quick { 1 } else { 3 }),
+        solo_rounds: args
+            .l1_solo_rounds
+            .unwrap_or(if args.quick { 1 } else { 9 }),
         seed: args.seed,
         server_args: &args.server_args,
         llama_server_args: &args.llama_server_args,

@@ -16,8 +16,12 @@
 //! the median over `rounds` rounds of output tokens / wall time counts
 //! (fresh prompts each round, the same ones for both servers), with TTFT
 //! p50/p99, inter-token latency p50 and time per output token over all the
-//! rounds' requests. Targets: gyre / llama.cpp >= 1.0 at 1 stream and >= 1.5
-//! at 16.
+//! rounds' requests. At 1 stream a round is one request of about half a
+//! second, in which the machine's speed moved by a fifth or more (session
+//! forty-two: one file's three rounds at 0.77-1.00 of llama.cpp's, six more
+//! right after at 1.21-1.91), so that level runs `solo_rounds` rounds (9 by
+//! default; 3 before session forty-three). Targets: gyre / llama.cpp >= 1.0
+//! at 1 stream and >= 1.5 at 16.
 //!
 //! Perplexity, per file: a fixed text (`clients/bench/data/perplexity.txt`)
 //! tokenized once by llama.cpp's `llama-tokenize`, cut into chunks of `ctx`
@@ -91,8 +95,11 @@ pub struct LlamaCtx<'a> {
     pub streams: Vec<usize>,
     pub prompt_len: usize,
     pub new_tokens: u32,
-    /// Rounds per level (the median counts).
+    /// Rounds per level above 1 stream (the median counts).
     pub rounds: usize,
+    /// Rounds at 1 stream: each is one request of about half a second, in
+    /// which the machine's speed can move by a fifth, so more of them.
+    pub solo_rounds: usize,
     pub seed: u64,
     /// Extra arguments of `gyre serve`.
     pub server_args: &'a [String],
@@ -100,6 +107,17 @@ pub struct LlamaCtx<'a> {
     pub llama_server_args: &'a [String],
     /// The perplexity comparison.
     pub ppl: PplSpec,
+}
+
+impl LlamaCtx<'_> {
+    /// Rounds per server at `streams` concurrent streams.
+    fn rounds_at(&self, streams: usize) -> usize {
+        match streams {
+            1 => self.solo_rounds,
+            _ => self.rounds,
+        }
+        .max(1)
+    }
 }
 
 /// Which server.
@@ -410,7 +428,7 @@ async fn measure_started(
         } else {
             None
         };
-        for r in 0..ctx.rounds.max(1) {
+        for r in 0..ctx.rounds_at(n) {
             let first = (index + r) % 2;
             for e in [first, 1 - first] {
                 let got = round(ctx, &clients[e], vocab, n, r).await;
@@ -621,6 +639,7 @@ pub async fn l1(ctx: &LlamaCtx<'_>) -> Outcome {
         "new_tokens": ctx.new_tokens,
         "llama_server_args": ctx.llama_server_args,
         "rounds": ctx.rounds,
+        "solo_rounds": ctx.solo_rounds,
         "copy_bandwidth_bytes_per_s": ceilings.copy_bandwidth,
         "matmul_peak": ceilings.matmul,
         "files": files,
