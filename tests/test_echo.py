@@ -7,6 +7,8 @@ continuously from the prompt into the completion. A prompt already in the
 prefix cache still gets every prompt log-probability (gRPC `prompt_logprobs`
 skips the cache). Everything validates against the official schemas."""
 
+import base64
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -190,4 +192,29 @@ def test_sentencepiece_token_strings_add_up_to_the_text(model_server):
     c = reply.json()["choices"][0]
     content = c["logprobs"]["content"]
     assert "".join(e["token"] for e in content) == c["message"]["content"]
-    assert all(bytes(e["bytes"]) == e["token"].encode() for e in content)
+    assert b"".join(bytes(e["bytes"]) for e in content) == c["message"]["content"].encode()
+
+
+def test_token_bytes_add_up_where_characters_split(model_server):
+    """Where a character is split across tokens (byte-fallback bytes on
+    tiny-mistral, partial byte-level pieces on tiny-qwen2), each token's
+    string holds U+FFFD, and its bytes are the part's own: the prompt
+    listing's bytes over gRPC add up to the prompt's UTF-8."""
+    text = "Tea 🍵 and 日本語, naïve café 🙂 ok"
+    for model in ("tiny-mistral", "tiny-qwen2"):
+        server = model_server(model)
+        reply = harness.http_json(server.http, "/tokenize",
+                                  {"model": model, "prompt": text, "add_special_tokens": False})
+        assert reply.status == 200, reply.body
+        ids = reply.json()["tokens"]
+        req = {"model": model, "tokenIds": {"ids": ids}, "maxTokens": 1, "promptLogprobs": 0,
+               "sampling": {"temperature": 0}}
+        events = harness.buf_curl(server.grpc, "gyre.v1.Generation/GenerateStream", req).ok().messages
+        prompt = next(e["prompt"] for e in events if "prompt" in e)
+        listing = prompt["logprobs"]
+        assert [int(x.get("tokenId", 0)) for x in listing] == ids[1:]
+        tokens = [x.get("token", "") for x in listing]
+        assert any("\ufffd" in t for t in tokens), (model, tokens)
+        got = b"".join(base64.b64decode(x.get("tokenBytes", "")) for x in listing)
+        first = prompt["firstToken"].encode()
+        assert first + got == text.encode(), (model, got)

@@ -328,17 +328,23 @@ fn token_logprob(
     lp: gyre_engine::TokenLogprobs,
 ) -> v1::TokenLogprob {
     let mut texts = detok::TokenTexts::after(tok, before);
+    let token = texts.text(lp.token);
     v1::TokenLogprob {
         token_id: lp.token,
         logprob: lp.logprob,
-        token: texts.text(lp.token),
+        token_bytes: texts.bytes(lp.token, &token),
+        token,
         top_logprobs: lp
             .top
             .into_iter()
-            .map(|(id, logprob)| v1::TopLogprob {
-                token_id: id,
-                logprob,
-                token: texts.text(id),
+            .map(|(id, logprob)| {
+                let token = texts.text(id);
+                v1::TopLogprob {
+                    token_id: id,
+                    logprob,
+                    token_bytes: texts.bytes(id, &token),
+                    token,
+                }
             })
             .collect(),
     }

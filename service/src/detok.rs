@@ -115,11 +115,18 @@ fn released(prefix: &str, full: &str) -> usize {
 /// keep it. A token whose text after the context is not an extension of the
 /// context's own (a byte-fallback byte that completes or breaks a
 /// character) is decoded alone, as before.
+///
+/// And each token's bytes ([`TokenTexts::bytes`]): its text's UTF-8, but
+/// where that text holds U+FFFD for part of a multi-byte character (or
+/// nothing, for a part that only continues one), the part's own bytes (a byte-fallback token's byte, a byte-level piece's
+/// bytes), so that the bytes of a choice's tokens add up to its text's
+/// UTF-8, as OpenAI's `bytes` do.
 pub struct TokenTexts<'a> {
     tok: &'a Tokenizer,
     ids: Vec<u32>,
     /// The context's text; none where it is empty or failed to decode.
     prefix: Option<String>,
+    pieces: Pieces,
 }
 
 impl<'a> TokenTexts<'a> {
@@ -130,7 +137,12 @@ impl<'a> TokenTexts<'a> {
             true => None,
             false => tok.decode(&ids, false).ok(),
         };
-        Self { tok, ids, prefix }
+        Self {
+            tok,
+            ids,
+            prefix,
+            pieces: Pieces::of(tok),
+        }
     }
 
     /// `id`'s text after the context.
@@ -148,5 +160,102 @@ impl<'a> TokenTexts<'a> {
             }
         }
         self.tok.decode(&[id], false).unwrap_or_default()
+    }
+
+    /// `id`'s bytes, given its `text` ([`TokenTexts::text`]).
+    pub fn bytes(&self, id: u32, text: &str) -> Vec<u8> {
+        // A piece that only adds to a character begun before it (the third
+        // of four bytes) reads as nothing after the context.
+        if (text.is_empty() || text.contains('\u{FFFD}'))
+            && let Some(b) = self
+                .tok
+                .id_to_token(id)
+                .and_then(|piece| self.pieces.bytes(&piece))
+        {
+            return b;
+        }
+        text.as_bytes().to_vec()
+    }
+}
+
+/// How a tokenizer's vocabulary pieces spell bytes, from its decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pieces {
+    /// GPT-2's byte-level alphabet: each character of a piece stands for
+    /// one byte (`ByteLevel`).
+    ByteLevel,
+    /// SentencePiece with byte fallback: a byte that is not a whole
+    /// character is its own piece, `<0xNN>` (`ByteFallback`).
+    ByteFallback,
+    /// Neither: the decoded text is all there is.
+    Text,
+}
+
+impl Pieces {
+    fn of(tok: &Tokenizer) -> Self {
+        use tokenizers::DecoderWrapper as D;
+        let one = |d: &D| match d {
+            D::ByteLevel(_) => Some(Self::ByteLevel),
+            D::ByteFallback(_) => Some(Self::ByteFallback),
+            _ => None,
+        };
+        match tok.get_decoder() {
+            Some(D::Sequence(seq)) => seq.get_decoders().iter().find_map(one),
+            Some(d) => one(d),
+            None => None,
+        }
+        .unwrap_or(Self::Text)
+    }
+
+    /// The bytes `piece` stands for; none where it is not such a piece (an
+    /// added token, a whole word).
+    fn bytes(self, piece: &str) -> Option<Vec<u8>> {
+        match self {
+            Self::ByteLevel => piece.chars().map(byte_level).collect(),
+            Self::ByteFallback => {
+                let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+                (hex.len() == 2)
+                    .then(|| u8::from_str_radix(hex, 16).ok())
+                    .flatten()
+                    .map(|b| vec![b])
+            }
+            Self::Text => None,
+        }
+    }
+}
+
+/// The byte GPT-2's byte-level alphabet spells with `c`: the printable
+/// bytes (`!` to `~`, `¡` to `¬`, `®` to `ÿ`) stand for themselves, and
+/// the other 68 bytes, in order, for U+0100 onwards.
+fn byte_level(c: char) -> Option<u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let code = u32::from(c);
+    if let Ok(b) = u8::try_from(code)
+        && printable(b)
+    {
+        return Some(b);
+    }
+    let nth = usize::try_from(code.checked_sub(0x100)?).ok()?;
+    (0..=255u8).filter(|&b| !printable(b)).nth(nth)
+}
+
+#[cfg(test)]
+mod tests {
+    /// GPT-2's byte-level alphabet: one character for each of the 256
+    /// bytes, none for the characters past it.
+    #[test]
+    fn the_byte_level_alphabet_spells_every_byte_once() {
+        let mut seen = [0u32; 256];
+        for c in (0..0x200).filter_map(char::from_u32) {
+            if let Some(b) = super::byte_level(c) {
+                seen[usize::from(b)] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+        assert_eq!(super::byte_level('Ġ'), Some(b' '));
+        assert_eq!(super::byte_level('Ċ'), Some(b'\n'));
+        assert_eq!(super::byte_level('a'), Some(b'a'));
+        assert_eq!(super::byte_level(' '), None);
+        assert_eq!(super::byte_level('\u{144}'), None);
     }
 }

@@ -199,6 +199,41 @@ fn logprob_token_strings_add_up_to_the_text() {
     assert!(alone_short > 0, "no tokenizer lost a space decoded alone");
 }
 
+/// Log-probabilities' bytes add up to the text's UTF-8 even where its
+/// characters are split across tokens (byte-fallback bytes on the
+/// SentencePiece fixtures, partial byte-level pieces on tiny-qwen2's),
+/// where the tokens' strings hold U+FFFD; the strings' own UTF-8 would not.
+#[test]
+fn logprob_token_bytes_add_up_to_the_text() {
+    let text = "Tea 🍵 and 日本語, naïve café 🙂 ok";
+    let mut split = 0;
+    for name in MODELS {
+        let (tok, _) = load_text(&model_dir(name)).expect("loads");
+        let ids = tok.encode(text, false).expect("encode").get_ids().to_vec();
+        let first = tok.decode(&ids[..1], false).expect("decode");
+        let want = text
+            .strip_prefix(first.as_str())
+            .expect("a prefix")
+            .as_bytes();
+        let (mut got, mut utf8) = (Vec::<u8>::new(), Vec::<u8>::new());
+        for k in 1..ids.len() {
+            let mut texts = TokenTexts::after(&tok, &ids[..k]);
+            let s = texts.text(ids[k]);
+            got.extend(texts.bytes(ids[k], &s));
+            utf8.extend(s.as_bytes());
+        }
+        assert_eq!(got, want, "{name}: {:?}", String::from_utf8_lossy(&got));
+        if utf8 != want {
+            split += 1;
+        }
+    }
+    assert_eq!(
+        split,
+        MODELS.len(),
+        "some tokenizer kept every character whole"
+    );
+}
+
 /// Found by the `detok` fuzz target: with a byte-fallback tokenizer, a
 /// stray byte token right after a complete multi-byte character makes the
 /// whole byte run decode as replacement characters, so the window's text no

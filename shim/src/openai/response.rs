@@ -117,8 +117,14 @@ fn details(u: &gyre_api::v1::Usage) -> Option<CompletionTokensDetails> {
 /// [`chat_logprobs`] / [`TextLogprobs`].
 type NoLogprobs = Option<serde_json::Value>;
 
-fn bytes(s: &str) -> Vec<u8> {
-    s.as_bytes().to_vec()
+/// A logprob's `bytes`: the server's `token_bytes` (the raw bytes of a
+/// token that is part of a character), or the token's UTF-8 where they
+/// are empty (a response stored before they were sent; an empty token).
+pub(crate) fn bytes(token: &str, raw: &[u8]) -> Vec<u8> {
+    match raw.is_empty() {
+        true => token.as_bytes().to_vec(),
+        false => raw.to_vec(),
+    }
 }
 
 /// Chat format: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
@@ -129,9 +135,9 @@ pub fn chat_logprobs(entries: &[gyre_api::v1::TokenLogprob]) -> serde_json::Valu
             let top: Vec<_> = e
                 .top_logprobs
                 .iter()
-                .map(|t| serde_json::json!({"token": t.token, "logprob": t.logprob, "bytes": bytes(&t.token)}))
+                .map(|t| serde_json::json!({"token": t.token, "logprob": t.logprob, "bytes": bytes(&t.token, &t.token_bytes)}))
                 .collect();
-            serde_json::json!({"token": e.token, "logprob": e.logprob, "bytes": bytes(&e.token), "top_logprobs": top})
+            serde_json::json!({"token": e.token, "logprob": e.logprob, "bytes": bytes(&e.token, &e.token_bytes), "top_logprobs": top})
         })
         .collect();
     serde_json::json!({"content": content, "refusal": null})
@@ -481,13 +487,34 @@ mod tests {
         assert_eq!(set["usage"]["total_tokens"], 0);
     }
 
+    /// Chat's `bytes` are the server's `token_bytes` (a character's part),
+    /// or the token's UTF-8 where none came.
+    #[test]
+    fn chat_logprob_bytes_are_the_token_bytes() {
+        let entry = |token: &str, raw: &[u8]| gyre_api::v1::TokenLogprob {
+            token: token.into(),
+            token_bytes: raw.to_vec(),
+            top_logprobs: vec![gyre_api::v1::TopLogprob {
+                token: token.into(),
+                token_bytes: raw.to_vec(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let out = chat_logprobs(&[entry("\u{FFFD}", &[0xF0, 0x9F]), entry("é", &[])]);
+        let c = &out["content"];
+        assert_eq!(c[0]["bytes"], json!([0xF0, 0x9F]));
+        assert_eq!(c[0]["top_logprobs"][0]["bytes"], json!([0xF0, 0x9F]));
+        assert_eq!(c[1]["bytes"], json!([195, 169]));
+    }
+
     #[test]
     fn legacy_listing_with_an_echoed_first_token() {
         let entry = |token: &str, logprob| gyre_api::v1::TokenLogprob {
             token_id: 1,
             logprob,
             token: token.into(),
-            top_logprobs: vec![],
+            ..Default::default()
         };
         let mut offsets = TextLogprobs::default();
         let prompt = offsets.listing(Some("Hé"), [entry("llo", -1.0)].iter());

@@ -9,6 +9,8 @@
 use gyre_api::v1 as pb;
 use serde_json::{Map, Value, json};
 
+use super::response::bytes;
+
 /// `v` as JSON: the shortest decimal that reads back as the same `f32`
 /// (0.7, not 0.699999988079071).
 pub fn float(v: f32) -> Value {
@@ -259,11 +261,11 @@ fn content_logprob(l: &pb::TokenLogprob) -> Value {
     json!({
         "token": l.token,
         "logprob": float(l.logprob),
-        "bytes": l.token.as_bytes(),
+        "bytes": bytes(&l.token, &l.token_bytes),
         "top_logprobs": l.top_logprobs.iter().map(|t| json!({
             "token": t.token,
             "logprob": float(t.logprob),
-            "bytes": t.token.as_bytes(),
+            "bytes": bytes(&t.token, &t.token_bytes),
         })).collect::<Vec<_>>(),
     })
 }

@@ -17,7 +17,7 @@ fn message(id: &str, text: &str) -> pb::Item {
                         token_id: 1,
                         logprob: -0.5,
                         token: "é".into(),
-                        top_logprobs: vec![],
+                        ..Default::default()
                     }],
                 })),
             }],
