@@ -9,13 +9,16 @@
 //! Properties: no panic; the pieces `push` releases, plus `flush`,
 //! concatenate to exactly the one-shot `decode` of all the ids when that is
 //! valid text; with invalid UTF-8 (U+FFFD in the decode) no text is lost:
-//! the stream ends with what follows the decode's last U+FFFD.
+//! the stream ends with what follows the decode's last U+FFFD. And the
+//! log-probabilities' token strings and bytes (`TokenTexts`, each id after
+//! the ids before it) never panic; with tiny-qwen2's byte-level pieces the
+//! bytes add up to the pieces' own bytes, valid UTF-8 or not.
 #![no_main]
 
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use gyre_fuzz::detok::IncrementalDecoder;
+use gyre_fuzz::detok::{IncrementalDecoder, TokenTexts};
 use gyre_fuzz::input::split_header;
 use libfuzzer_sys::fuzz_target;
 use tokenizers::Tokenizer;
@@ -54,6 +57,7 @@ fuzz_target!(|data: &[u8]| {
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], 0]) % vocab)
         .collect();
 
+    token_texts(tok, head[0] & 1 == 0, &ids);
     let Ok(whole) = tok.decode(&ids, skip_special) else {
         return;
     };
@@ -90,3 +94,54 @@ fuzz_target!(|data: &[u8]| {
         );
     }
 });
+
+/// Each id's log-probability string and bytes after the ids before it;
+/// with `byte_level` (tiny-qwen2), the bytes past the first id are the
+/// pieces' bytes in GPT-2's alphabet (a piece with a character outside it
+/// stands for its own UTF-8, as tokenizers' ByteLevel decoder has it).
+fn token_texts(tok: &Tokenizer, byte_level: bool, ids: &[u32]) {
+    let mut bytes = Vec::new();
+    for k in 1..ids.len() {
+        let mut texts = TokenTexts::after(tok, &ids[..k]);
+        let text = texts.text(ids[k]);
+        bytes.extend(texts.bytes(ids[k], &text));
+    }
+    if !byte_level || ids.is_empty() {
+        return;
+    }
+    let alphabet = gpt2_alphabet();
+    let byte = |c: char| alphabet.iter().position(|&a| a == c).map(|b| b as u8);
+    let want: Vec<u8> = ids[1..]
+        .iter()
+        .flat_map(|&id| {
+            let piece = tok.id_to_token(id).unwrap_or_default();
+            piece
+                .chars()
+                .map(byte)
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| piece.into_bytes())
+        })
+        .collect();
+    assert_eq!(bytes, want, "ids {ids:?}");
+}
+
+/// GPT-2's byte-level alphabet, the character of each byte, built as the
+/// published `bytes_to_unicode` builds it (independently of detok.rs).
+fn gpt2_alphabet() -> Vec<char> {
+    let kept: Vec<u32> = (u32::from('!')..=u32::from('~'))
+        .chain(u32::from('¡')..=u32::from('¬'))
+        .chain(u32::from('®')..=u32::from('ÿ'))
+        .collect();
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            let code = if kept.contains(&b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(code).unwrap_or('?')
+        })
+        .collect()
+}

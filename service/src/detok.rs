@@ -116,11 +116,13 @@ fn released(prefix: &str, full: &str) -> usize {
 /// context's own (a byte-fallback byte that completes or breaks a
 /// character) is decoded alone, as before.
 ///
-/// And each token's bytes ([`TokenTexts::bytes`]): its text's UTF-8, but
-/// where that text holds U+FFFD for part of a multi-byte character (or
-/// nothing, for a part that only continues one), the part's own bytes (a byte-fallback token's byte, a byte-level piece's
-/// bytes), so that the bytes of a choice's tokens add up to its text's
-/// UTF-8, as OpenAI's `bytes` do.
+/// And each token's bytes ([`TokenTexts::bytes`]): the bytes its piece
+/// stands for where the vocabulary spells bytes (a byte-fallback `<0xNN>`
+/// piece, any byte-level piece), otherwise its text's UTF-8. The two
+/// differ where a character is split across tokens: the text then holds
+/// U+FFFD, or lacks the bytes that continue a character begun before it
+/// (they fold into the context's U+FFFD). So the bytes of a choice's tokens
+/// add up to its text's UTF-8, as OpenAI's `bytes` do.
 pub struct TokenTexts<'a> {
     tok: &'a Tokenizer,
     ids: Vec<u32>,
@@ -164,17 +166,10 @@ impl<'a> TokenTexts<'a> {
 
     /// `id`'s bytes, given its `text` ([`TokenTexts::text`]).
     pub fn bytes(&self, id: u32, text: &str) -> Vec<u8> {
-        // A piece that only adds to a character begun before it (the third
-        // of four bytes) reads as nothing after the context.
-        if (text.is_empty() || text.contains('\u{FFFD}'))
-            && let Some(b) = self
-                .tok
-                .id_to_token(id)
-                .and_then(|piece| self.pieces.bytes(&piece))
-        {
-            return b;
-        }
-        text.as_bytes().to_vec()
+        self.tok
+            .id_to_token(id)
+            .and_then(|piece| self.pieces.bytes(&piece))
+            .unwrap_or_else(|| text.as_bytes().to_vec())
     }
 }
 

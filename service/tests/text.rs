@@ -234,6 +234,21 @@ fn logprob_token_bytes_add_up_to_the_text() {
     );
 }
 
+/// Found by the `detok` fuzz target: a byte-level piece that continues a
+/// character begun before it and then holds whole ones ('½æķ°': the
+/// byte 0xBD, then "数") reads "数" after 'ë' (0xEB), the 0xBD folding into
+/// the context's U+FFFD; its bytes are still all four of its own.
+#[test]
+fn a_piece_continuing_a_character_keeps_its_bytes() {
+    let (tok, _) = load_text(&model_dir("tiny-qwen2")).expect("loads");
+    let id = |piece: &str| tok.token_to_id(piece).expect("in the vocabulary");
+    let ids = [id("CharArray"), id("ë"), id("½æķ°")];
+    let mut texts = TokenTexts::after(&tok, &ids[..2]);
+    let text = texts.text(ids[2]);
+    assert_eq!(text, "数");
+    assert_eq!(texts.bytes(ids[2], &text), [0xBD, 0xE6, 0x95, 0xB0]);
+}
+
 /// Found by the `detok` fuzz target: with a byte-fallback tokenizer, a
 /// stray byte token right after a complete multi-byte character makes the
 /// whole byte run decode as replacement characters, so the window's text no
