@@ -48,6 +48,15 @@
 //! one intermediate fewer a layer; off by default: on an H200, with one
 //! warp a row, it measured no faster; its rows now split as gemv's do, not
 //! yet measured).
+//!
+//! `GYRE_TWICE=norm,rope,attn,silu,gemv` (any of them, or `all`) launches
+//! the named stages' CUDA kernels twice, for timing on a GPU: each writes
+//! only outputs it does not read, so the second launch rewrites the same
+//! values and the tokens do not change, while a decode graph's replay time
+//! grows by the stage's own cost in place (its launch, its overlap with
+//! its neighbours, and for `gemv` weights partly in L2 the second time).
+//! `tests/gpu/device.sh stages` takes the differences; unlike Nsight
+//! Compute it needs no hardware counters.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -233,6 +242,65 @@ fn env_i64(
     })
 }
 
+/// The kernel stages of a decode step that `GYRE_TWICE` can name.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// [`add_rms_norm`].
+    Norm = 1,
+    /// [`rope_kv`].
+    Rope = 2,
+    /// [`decode_attention`] (its split and merge kernels).
+    Attn = 4,
+    /// [`silu_mul`].
+    Silu = 8,
+    /// [`gemv`] and [`gemv_silu`].
+    Gemv = 16,
+}
+
+/// The stages named in a `GYRE_TWICE` value (comma-separated; `all`),
+/// as a mask of [`Stage`]s, and the names it did not know.
+fn twice_mask(v: &str) -> (u32, Vec<String>) {
+    let mut unknown = Vec::new();
+    let mask = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "norm" => Stage::Norm as u32,
+            "rope" => Stage::Rope as u32,
+            "attn" => Stage::Attn as u32,
+            "silu" => Stage::Silu as u32,
+            "gemv" => Stage::Gemv as u32,
+            "all" => 31,
+            other => {
+                unknown.push(other.to_string());
+                0
+            }
+        })
+        .fold(0, |a, b| a | b);
+    (mask, unknown)
+}
+
+/// How many times `stage`'s CUDA kernels are launched: twice when
+/// `GYRE_TWICE` names it (timing on a GPU), else once.
+fn launches(stage: Stage) -> usize {
+    static MASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let mask = *MASK.get_or_init(|| {
+        let Ok(v) = std::env::var("GYRE_TWICE") else {
+            return 0;
+        };
+        let (mask, unknown) = twice_mask(&v);
+        if !unknown.is_empty() {
+            tracing::warn!(
+                ?unknown,
+                "GYRE_TWICE: unknown stages ignored (norm, rope, attn, silu, gemv, all)"
+            );
+        }
+        mask
+    });
+    if mask & stage as u32 != 0 { 2 } else { 1 }
+}
+
 /// Most rows of `x` the matrix-vector kernel takes (`GYRE_GEMV_MAX_ROWS`,
 /// 0 to 8; default 1); larger batches go to cuBLAS. On an H100 with the
 /// Llama-3-8B shape the kernel beat cuBLAS at one row (6.28 vs 6.55 ms a
@@ -284,7 +352,9 @@ pub(crate) fn gemv(
         return Ok(None);
     }
     let y = Tensor::f_empty([xs[0], ws[0]], (x.kind(), x.device()))?;
-    ffi::gemv(x, w, bias, &y)?;
+    for _ in 0..launches(Stage::Gemv) {
+        ffi::gemv(x, w, bias, &y)?;
+    }
     Ok(Some(y))
 }
 
@@ -326,7 +396,9 @@ pub(crate) fn gemv_silu(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>, Engine
         return Ok(None);
     }
     let y = Tensor::f_empty([1, ws[0] / 2], (x.kind(), x.device()))?;
-    ffi::gemv_silu(x, w, &y)?;
+    for _ in 0..launches(Stage::Gemv) {
+        ffi::gemv_silu(x, w, &y)?;
+    }
     Ok(Some(y))
 }
 
@@ -399,9 +471,11 @@ pub(crate) fn decode_attention(
     };
     let out = q.f_empty_like()?;
     let scale = 1.0 / (d as f64).sqrt();
-    ffi::decode_attention(
-        q, k_cache, v_cache, gather, cu_k, used, &out, &part, &ml, chunk, splits, scale,
-    )?;
+    for _ in 0..launches(Stage::Attn) {
+        ffi::decode_attention(
+            q, k_cache, v_cache, gather, cu_k, used, &out, &part, &ml, chunk, splits, scale,
+        )?;
+    }
     Ok(Some(out))
 }
 
@@ -419,7 +493,9 @@ fn cuda_add_rms_norm(
         Some(_) => x.f_empty_like()?,
         None => x.shallow_clone(),
     };
-    ffi::add_rms_norm(x, delta, w, delta.map(|_| &x_out), &h, eps)?;
+    for _ in 0..launches(Stage::Norm) {
+        ffi::add_rms_norm(x, delta, w, delta.map(|_| &x_out), &h, eps)?;
+    }
     Ok((x_out, h))
 }
 
@@ -442,9 +518,11 @@ fn cuda_rope_kv(
 ) -> Result<Tensor, EngineError> {
     let n = qkv.size()[0];
     let q = Tensor::f_empty([n, heads, head_dim], (qkv.kind(), qkv.device()))?;
-    ffi::rope_kv(
-        qkv, cos, signed_sin, slots, &q, k_cache, v_cache, heads, kv_heads, head_dim,
-    )?;
+    for _ in 0..launches(Stage::Rope) {
+        ffi::rope_kv(
+            qkv, cos, signed_sin, slots, &q, k_cache, v_cache, heads, kv_heads, head_dim,
+        )?;
+    }
     Ok(q)
 }
 
@@ -453,7 +531,9 @@ fn cuda_rope_kv(
 fn cuda_silu_mul(gu: &Tensor, inter: i64) -> Result<Tensor, EngineError> {
     let n = gu.size()[0];
     let out = Tensor::f_empty([n, inter], (gu.kind(), gu.device()))?;
-    ffi::silu_mul(gu, &out)?;
+    for _ in 0..launches(Stage::Silu) {
+        ffi::silu_mul(gu, &out)?;
+    }
     Ok(out)
 }
 
@@ -549,6 +629,37 @@ mod ffi {
         _: f64,
     ) -> Result<(), EngineError> {
         Err(none())
+    }
+}
+
+#[cfg(test)]
+mod twice_tests {
+    /// `GYRE_TWICE` names stages by name, in any order, `all` naming
+    /// every one; an unknown name is reported and adds nothing.
+    #[test]
+    fn twice_names_stages() {
+        use super::{Stage, twice_mask};
+        assert_eq!(twice_mask(""), (0, vec![]));
+        assert_eq!(twice_mask("norm").0, Stage::Norm as u32);
+        assert_eq!(
+            twice_mask(" attn, gemv ,").0,
+            Stage::Attn as u32 | Stage::Gemv as u32
+        );
+        let every = [
+            Stage::Norm,
+            Stage::Rope,
+            Stage::Attn,
+            Stage::Silu,
+            Stage::Gemv,
+        ];
+        assert_eq!(
+            twice_mask("all").0,
+            every.iter().fold(0, |a, s| a | *s as u32)
+        );
+        assert_eq!(
+            twice_mask("silu,rotary"),
+            (Stage::Silu as u32, vec!["rotary".to_string()])
+        );
     }
 }
 

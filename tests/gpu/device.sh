@@ -7,7 +7,8 @@
 #     bash tests/gpu/device.sh STEP...
 #
 # Steps: env, cuda-check, fidelity-tiny, fidelity-shapes, fidelity-gguf,
-# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu, gemv-ab, attn-ab, kernels, profile, serve-smoke, bench,
+# shapes, decode, decode-fused, pdl, unroll, gemv-split, gemv-silu,
+# gemv-ab, attn-ab, stages, kernels, profile, serve-smoke, bench,
 # bench-sweep. Results go under $OUT (default /tmp/gyre-out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -161,17 +162,45 @@ pdl_runs() {
   for e in GYRE_PDL=0 GYRE_PDL=1; do steptime_run "$m8" 1 2000 $e; done
   python3 tests/gpu/roofline.py "$m8" "$OUT/bandwidth.json" 256
   python3 tests/gpu/roofline.py "$m1" "$OUT/bandwidth.json" 256
+  greedy_same "$m1" GYRE_PDL=0 GYRE_PDL=1
+}
+
+# Greedy tokens and top-2 logprobs on MODEL under two settings A and B
+# (VAR=VALUE each): one prompt (so the matrix-vector kernel runs) and
+# four, 64 new tokens; prints whether they are identical.
+greedy_same() {
+  local m=$1 a=$2 b=$3 p e
   python3 -c 'import json,random; r=random.Random(7); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (37,)], open("/tmp/p1.json","w")); json.dump([[r.randrange(100,30000) for _ in range(n)] for n in (5,40,77,130)], open("/tmp/p4.json","w"))'
   for p in p1 p4; do
-    for e in 0 1; do
-      GYRE_PDL=$e timeout 120 $B/examples/greedy "$m1" /tmp/$p.json 64 cuda > /tmp/greedy-$p-$e.json 2>/tmp/greedy-$p-$e.log || tail -3 /tmp/greedy-$p-$e.log
+    for e in a b; do
+      env "${!e}" timeout 120 $B/examples/greedy "$m" /tmp/$p.json 64 cuda > /tmp/greedy-$p-$e.json 2>/tmp/greedy-$p-$e.log || tail -3 /tmp/greedy-$p-$e.log
     done
-    if cmp -s /tmp/greedy-$p-0.json /tmp/greedy-$p-1.json && [ -s /tmp/greedy-$p-1.json ]; then
-      echo "greedy $p: PDL on and off identical ($(wc -c < /tmp/greedy-$p-1.json) bytes)"
+    if cmp -s /tmp/greedy-$p-a.json /tmp/greedy-$p-b.json && [ -s /tmp/greedy-$p-b.json ]; then
+      echo "greedy $p: $a and $b identical ($(wc -c < /tmp/greedy-$p-b.json) bytes)"
     else
-      echo "greedy $p: PDL on and off DIFFER"; head -c 600 /tmp/greedy-$p-0.json; echo; head -c 600 /tmp/greedy-$p-1.json; echo
+      echo "greedy $p: $a and $b DIFFER"; head -c 600 /tmp/greedy-$p-a.json; echo; head -c 600 /tmp/greedy-$p-b.json; echo
     fi
   done
+}
+
+step_stages() {
+  # Each kernel stage's own device time in a batch-1 decode graph, without
+  # hardware counters: GYRE_TWICE=STAGE launches that stage's kernels twice
+  # (each rewrites the same outputs, so tokens do not change), and the
+  # graph's replay time grows by the stage's cost in place (for gemv the
+  # second read of a weight may partly hit L2). 8B then 1B shape, 128-token
+  # prompt, the plain graph first and last; tests/gpu/stages.py takes the
+  # differences. Then greedy tokens with every stage twice, which must be
+  # those without.
+  local m e
+  for m in "$W/llama-3-8b" "$W/llama-3.2-1b"; do
+    [ -d "$m" ] || continue
+    for e in X=1 GYRE_TWICE=norm GYRE_TWICE=rope GYRE_TWICE=attn GYRE_TWICE=silu GYRE_TWICE=gemv X=1; do
+      steptime_run "$m" 1 128 $e
+    done
+  done 2>&1 | tee -a "$OUT/stages.txt"
+  python3 tests/gpu/stages.py "$OUT/stages.txt" "$W" 2>&1 | tee -a "$OUT/stages.txt"
+  greedy_same "$W/llama-3.2-1b" X=1 GYRE_TWICE=all 2>&1 | tee -a "$OUT/stages.txt"
 }
 
 step_unroll() {
