@@ -212,6 +212,7 @@ bench: venv models build llamacpp
 # own rustls connector serves.
 lint: setup
 	$(CARGO) fmt --all --check
+	rustfmt --edition 2024 --check fuzz/fuzz_targets/*.rs fuzz/src/*.rs
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 	@if $(CARGO) tree --workspace -e features -i tonic | grep -q 'tonic feature "tls'; then \
 	  echo "tonic's TLS features are on (cargo tree -e features -i tonic): use gyre_api::tls::Connector"; exit 1; fi

@@ -10,8 +10,8 @@
 //! concatenate to exactly the one-shot `decode` of all the ids when that is
 //! valid text; with invalid UTF-8 (U+FFFD in the decode) no text is lost:
 //! the stream ends with what follows the decode's last U+FFFD. And the
-//! log-probabilities' token strings and bytes (`TokenTexts`, each id after
-//! the ids before it) never panic; with tiny-qwen2's byte-level pieces the
+//! log-probabilities' token strings and bytes (`TokenTexts`, each of the
+//! first 128 ids after the ids before it) never panic; with tiny-qwen2's byte-level pieces the
 //! bytes add up to the pieces' own bytes, valid UTF-8 or not.
 #![no_main]
 
@@ -57,7 +57,10 @@ fuzz_target!(|data: &[u8]| {
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], 0]) % vocab)
         .collect();
 
-    token_texts(tok, head[0] & 1 == 0, &ids);
+    // Each token's string reads only the 5 ids before it, so a bug there
+    // shows within a short input: the first 128 ids keep long inputs from
+    // spending their time here.
+    token_texts(tok, head[0] & 1 == 0, &ids[..ids.len().min(128)]);
     let Ok(whole) = tok.decode(&ids, skip_special) else {
         return;
     };

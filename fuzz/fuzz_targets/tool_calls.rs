@@ -55,7 +55,10 @@ fuzz_target!(|data: &[u8]| {
             "{name}: arguments before any call began: {s_calls:?}"
         );
     }
-    if let Some(p) = s_calls.iter().find(|p| **p == CallPiece::Args(String::new())) {
+    if let Some(p) = s_calls
+        .iter()
+        .find(|p| **p == CallPiece::Args(String::new()))
+    {
         panic!("{name}: an empty piece of arguments {p:?} in {s_calls:?}");
     }
     let s_calls = join(&s_calls);
