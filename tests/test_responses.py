@@ -255,6 +255,37 @@ def test_conversation_collects_the_turns(qwen):
     assert deleted == {"id": conv["id"], "object": "conversation.deleted", "deleted": True}
 
 
+def test_items_already_stored_are_refused_and_pages_list_each_item_once(qwen):
+    # Re-sending a response's output as input, where the conversation or the
+    # chain already holds it, is OpenAI's "Duplicate item found" 400: item
+    # lists page by id, and a repeated id made `after` pages repeat forever.
+    conv = ru.ok(ru.post(qwen.http, "/v1/conversations", {}))
+    first = ru.create(qwen.http, {**BODY, "conversation": conv["id"]})
+    again = [*first["output"], {"role": "user", "content": "more"}]
+    for ref in ({"conversation": conv["id"]}, {"previous_response_id": first["id"]}):
+        reply = ru.post(qwen.http, "/v1/responses", {**BODY, **ref, "input": again})
+        assert reply.status == 400, reply.body[:300]
+        assert reply.json()["error"]["param"] == "input[0].id"
+        assert "duplicate item" in reply.json()["error"]["message"]
+    reply = ru.post(qwen.http, "/v1/conversations", {"items": [
+        {"type": "message", "id": "msg_d", "role": "user", "content": c} for c in "ab"]})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "items[1].id", reply.body[:300]
+    ru.create(qwen.http, {**BODY, "input": "Another?", "conversation": conv["id"]})
+    want = ru.ok(harness.http_request(qwen.http, "GET", f"/v1/conversations/{conv['id']}/items?order=asc"))["data"]
+    assert len(want) >= 4
+    for order, expect in (("asc", want), ("desc", want[::-1])):
+        seen, after = [], ""
+        while True:
+            page = ru.ok(harness.http_request(
+                qwen.http, "GET", f"/v1/conversations/{conv['id']}/items?order={order}&limit=1{after}"))
+            seen += [i["id"] for i in page["data"]]
+            assert len(seen) <= len(want), seen
+            if not page["has_more"]:
+                break
+            after = f"&after={page['data'][-1]['id']}"
+        assert seen == [i["id"] for i in expect]
+
+
 def test_previous_response_id_chains(qwen):
     first = ru.create(qwen.http, BODY)
     second = ru.create(qwen.http, {**BODY, "input": "Another?", "previous_response_id": first["id"]})

@@ -61,6 +61,8 @@ CASES = {
     "truncation": ({"truncation": "sometimes"}, "truncation"),
     "include value": ({"include": ["file_search_call.results"]}, "include[0]"),
     "service_tier": ({"service_tier": "gold"}, "service_tier"),
+    "duplicate item ids": ({"input": [{**USER, "type": "message", "id": "msg_d"},
+                                      {**USER, "type": "message", "id": "msg_d"}]}, "input[1].id"),
 }
 
 

@@ -275,6 +275,7 @@ impl Responses for ResponsesService {
         }
         validate::metadata(&r.metadata)?;
         let mut items = r.items;
+        validate::unique_ids("items", &[], &items)?;
         for (i, it) in items.iter_mut().enumerate() {
             validate::item(&format!("items[{i}]"), it)?;
             if it.id.is_empty() {

@@ -107,10 +107,9 @@ pub async fn resolve(
         }
         (None, None) => Vec::new(),
     };
-    Ok(Resolved {
-        history,
-        input: input_items(r),
-    })
+    let input = input_items(r);
+    validate::unique_ids("input", &history, &input)?;
+    Ok(Resolved { history, input })
 }
 
 /// The generation request of `r`, with `truncation: "auto"` dropping the

@@ -353,7 +353,14 @@ impl Store {
             Some(item) => {
                 let pos = conn
                     .query_row(
-                        &format!("SELECT pos FROM {table} WHERE {key} = ?1 AND item_id = ?2"),
+                        // Of several items with this id (stored before
+                        // duplicates were refused), the one furthest along
+                        // the order: a page after it never repeats it.
+                        &format!(
+                            "SELECT pos FROM {table} WHERE {key} = ?1 AND item_id = ?2 \
+                             ORDER BY pos {} LIMIT 1",
+                            if desc { "ASC" } else { "DESC" }
+                        ),
                         params![id, item],
                         |r| r.get(0),
                     )

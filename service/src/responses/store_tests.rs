@@ -93,6 +93,38 @@ fn pages_go_both_ways_with_has_more() {
     assert!(s.page(&of, Some("nope"), 2, true).expect("page").is_none());
 }
 
+/// Items sharing an id (stored before duplicates were refused) cannot
+/// make a page after that id come back to it: paging ends, both ways.
+#[test]
+fn pages_after_a_repeated_id_never_repeat() {
+    let s = Store::open(StoreConfig::default()).expect("open");
+    let items = [msg("a"), msg("d"), msg("d"), msg("z")];
+    s.insert_response(&resp("r", "completed", now()), None, &items, &[], T)
+        .expect("insert");
+    let of = Owner::Response("r".into());
+    for desc in [false, true] {
+        let (mut after, mut seen) = (None::<String>, Vec::new());
+        loop {
+            let (page, more) = s
+                .page(&of, after.as_deref(), 1, desc)
+                .expect("page")
+                .expect("some");
+            seen.extend(page.iter().map(|i| i.id.clone()));
+            assert!(seen.len() <= items.len(), "desc {desc}: {seen:?}");
+            if !more {
+                break;
+            }
+            after = page.last().map(|i| i.id.clone());
+        }
+        let want: &[&str] = if desc {
+            &["z", "d", "a"]
+        } else {
+            &["a", "d", "z"]
+        };
+        assert_eq!(seen, want, "desc {desc}");
+    }
+}
+
 #[test]
 fn bounds_evict_the_oldest_finished_never_running_ones() {
     let s = Store::open(cfg(None, 2, 1000)).expect("open");

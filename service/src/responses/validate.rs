@@ -247,6 +247,29 @@ pub fn metadata(m: &std::collections::HashMap<String, String>) -> Result<(), Ser
 }
 
 /// One input item (also conversation items).
+/// Each of `items` (the request's own, named `field[i]`) has an id that
+/// none of `before` (what is already stored ahead of them: the
+/// conversation's items, the previous responses') and none of the items
+/// before it has: a list pages by item id, and OpenAI refuses duplicates
+/// the same way. Items without an id are skipped (the server gives them
+/// fresh ones).
+pub fn unique_ids(field: &str, before: &[Item], items: &[Item]) -> Result<(), ServiceError> {
+    let mut seen: std::collections::HashSet<&str> = before.iter().map(|i| i.id.as_str()).collect();
+    for (i, it) in items.iter().enumerate() {
+        if !it.id.is_empty() && !seen.insert(it.id.as_str()) {
+            return Err(bad(
+                format!("{field}[{i}].id"),
+                "DUPLICATE_ITEM",
+                format!(
+                    "duplicate item found with id `{}`: remove duplicate items from your input and try again",
+                    gyre_api::clip(&it.id)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn item(field: &str, item: &Item) -> Result<(), ServiceError> {
     match &item.item {
         None => Err(bad(field, "MISSING_ITEM", "an item needs a type")),
