@@ -9,14 +9,21 @@ stream every token it was asked for; then the process exits with status 0.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 
+import grpc
 import openai
+import pytest
 
 import harness
 import openai_schema
 from conftest import assert_no_panic
+
+sys.path.insert(0, str(harness.REPO / "clients" / "python"))
+from gyre.v1 import generate_pb2_grpc as pb_grpc  # noqa: E402
 
 MODEL = "tiny-qwen2"
 # Long enough that the checks below run while the request is still streaming
@@ -95,6 +102,46 @@ def test_sigterm_drains_running_requests_then_exits():
         assert server.proc.returncode == 0, server.stderr()[-2000:]
         assert "drained: no request running" in server.stderr()
     finally:
+        server.stop()
+        assert_no_panic(server)
+        server.remove_log()
+
+
+def test_sigterm_exits_while_clients_hold_streams_open():
+    # A health Watch never ends by itself, nor does a bidirectional Generate
+    # stream with nothing running: once drained, shutdown must not wait on
+    # them (the process stayed up for as long as such a client did).
+    server = harness.serve(MODEL, "--drain-timeout", "5")
+    channel = grpc.insecure_channel(server.grpc)
+    try:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=lambda b: b, response_deserializer=lambda b: b)(b"")
+        # The first update (SERVING: field 1 = 1) says the Watch is open.
+        assert next(watch) == b"\x08\x01"
+        idle = threading.Event()
+
+        def nothing():
+            idle.wait(120)
+            return
+            yield
+
+        bidi = pb_grpc.GenerationStub(channel).Generate(nothing())
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("gyre serve did not exit while a Watch and a Generate stream were open")
+        assert server.proc.returncode == 0, server.stderr()[-2000:]
+        assert "drained: no request running" in server.stderr()
+        # Both streams end (unavailable) rather than hang.
+        for stream in (watch, bidi):
+            with pytest.raises(grpc.RpcError) as err:
+                for _ in stream:
+                    pass
+            assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), err.value
+        idle.set()
+    finally:
+        channel.close()
         server.stop()
         assert_no_panic(server)
         server.remove_log()

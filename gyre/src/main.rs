@@ -412,7 +412,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let limits = grpc.conn.limits();
+    // After the drain, streams still open (a health Watch) must not hold
+    // the process: they get a short grace, then their connections go.
+    let limits = gyre_shim::conn::ConnLimits {
+        stop_grace: Some(gyre_shim::conn::STOP_GRACE),
+        ..grpc.conn.limits()
+    };
     let metrics = grpc.metrics.install()?;
     // Read before the models load, so that a bad path fails the start at once.
     let tls = gyre_shim::tls::ServerTls::from_flags(

@@ -22,7 +22,12 @@
 //! (HTTP/1: after the response in progress; HTTP/2: GOAWAY); once it has had
 //! no request in flight for [`CLOSE_GRACE`] it is dropped. Shutdown works the
 //! same way for every connection: requests in flight finish, idle connections
-//! go. The request-body timeout of the HTTP API is in [`body`].
+//! go; with [`ConnLimits::stop_grace`] (`gyre serve`'s ports), a connection
+//! still busy that long after shutdown began is dropped with its streams
+//! (by then `gyre serve` has drained its engines, so what is left is
+//! long-lived: a health `Watch`, an idle bidirectional `Generate`, or
+//! requests the drain timeout gave up on). The request-body timeout of the
+//! HTTP API is in [`body`].
 //!
 //! `gyre serve`'s own shim reaches its gRPC port through in-process
 //! connections ([`inproc`], [`serve_tls`]), served like the others but
@@ -54,6 +59,12 @@ use track::{ConnState, Tracked, Watched};
 /// request head).
 pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// `gyre serve`'s [`ConnLimits::stop_grace`]: after its drain, how long a
+/// connection may keep requests in flight before it is dropped with them
+/// (a client's stream that would otherwise hold the process open: a health
+/// `Watch` never ends by itself).
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Per-port connection limits; a `None` timeout is off.
@@ -67,6 +78,10 @@ pub struct ConnLimits {
     pub http2_keepalive_interval: Option<Duration>,
     /// How long a PING may go unanswered before the connection is closed.
     pub http2_keepalive_timeout: Duration,
+    /// After shutdown begins, how long a connection may keep requests in
+    /// flight before it is dropped with them; None: until they finish
+    /// (`gyre-shim`, which has no drain of its own before it stops).
+    pub stop_grace: Option<Duration>,
 }
 
 impl Default for ConnLimits {
@@ -77,6 +92,7 @@ impl Default for ConnLimits {
             max_connections: 4096,
             http2_keepalive_interval: Some(Duration::from_secs(30)),
             http2_keepalive_timeout: Duration::from_secs(20),
+            stop_grace: None,
         }
     }
 }
@@ -116,6 +132,7 @@ impl ConnArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             http2_keepalive_interval: on(self.http2_keepalive_interval),
             http2_keepalive_timeout: self.http2_keepalive_timeout,
+            stop_grace: None,
         }
     }
 }
@@ -302,8 +319,10 @@ async fn serve_connection<S, B, T>(
     let conn = builder.serve_connection(io, Tracked::new(service, state.clone()));
     let expired = state.expired(&limits);
     let quiet = state.quiet_for(CLOSE_GRACE);
-    tokio::pin!(conn, expired, quiet);
-    let mut closing = false;
+    // Armed when shutdown begins, with `stop_grace`.
+    let stop = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(conn, expired, quiet, stop);
+    let (mut closing, mut stopping) = (false, false);
     loop {
         tokio::select! {
             served = conn.as_mut() => {
@@ -317,11 +336,21 @@ async fn serve_connection<S, B, T>(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = close.wait_for(|c| *c), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            _ = close.wait_for(|c| *c), if !stopping => {
+                stopping = true;
+                if let Some(grace) = limits.stop_grace {
+                    stop.as_mut().reset(tokio::time::Instant::now() + grace);
+                }
+                if !closing {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
             () = &mut quiet, if closing => return,
+            () = &mut stop, if stopping => {
+                tracing::debug!("shutdown: dropping a connection with requests still in flight");
+                return;
+            }
         }
     }
 }
