@@ -82,6 +82,29 @@ def test_named_function_and_no_parallel_calls(client):
         check_calls(choice.message.tool_calls, allowed=("get_weather",))
 
 
+@pytest.mark.parametrize("parameters", [
+    {},
+    {"properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+], ids=["empty", "untyped"])
+def test_a_schema_without_a_type_still_forces_an_object_call(client, parameters):
+    # Without a `type`, a schema lets the forced arguments be any JSON value;
+    # a string or a number there is no call to the parser, and the reply
+    # came back as text (finish_reason "stop").
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools, tool_choice="required",
+                                           parallel_tool_calls=False, n=8, temperature=1.0, seed=5, max_tokens=200)
+    for choice in reply.choices:
+        assert choice.message.content is None, choice
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "f"
+        if parameters or choice.finish_reason != "length":
+            # A random model may fill an open object until max_tokens.
+            assert choice.finish_reason == "tool_calls", choice
+            args = json.loads(call.function.arguments)
+            assert isinstance(args, dict), args
+            jsonschema.validate(args, {"type": "object", **parameters})
+
+
 def test_stream_deltas_match_the_non_streamed_calls(client):
     args = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=300)
     whole = client.chat.completions.create(**args).choices[0]
@@ -209,6 +232,14 @@ def test_grpc_typed_tool_calls(qwen):
         ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
         ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        # Arguments are an object: a schema of anything else is refused.
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+          "tool_choice": "required"}, "tools[0].function.parameters"),
+        # A schema that cannot be enforced is the tool's fault, not
+        # response_format's (the forcing grammar it became).
+        ({"tools": [TOOLS[0], {"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strin"}}}}}],
+          "tool_choice": "required"}, "tools[1].function.parameters"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])

@@ -46,9 +46,9 @@ enum ToolPlan {
     Off,
     /// AUTO: parse the calls the model makes.
     Parse(ToolFormat),
-    /// REQUIRED or FUNCTION: force a call to one of these functions
-    /// (several calls when parallel).
-    Force(ToolFormat, Vec<FunctionSpec>, bool),
+    /// REQUIRED or FUNCTION: force a call to one of these functions, each
+    /// with its index among the tools (several calls when parallel).
+    Force(ToolFormat, Vec<(usize, FunctionSpec)>, bool),
 }
 
 fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, ServiceError> {
@@ -95,6 +95,17 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
                 )
             })?,
         };
+        if !crate::tools::parameters_are_an_object(&parameters) {
+            return Err(ServiceError::invalid(
+                format!("chat.tools[{i}].function.parameters"),
+                "INVALID_TOOL",
+                format!(
+                    "the parameters must be a JSON Schema of type \"object\" (a function's \
+                     arguments are an object), got {}",
+                    gyre_api::clip(&parameters.to_string())
+                ),
+            ));
+        }
         Ok(FunctionSpec {
             name: f.name,
             parameters,
@@ -109,7 +120,7 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
                 .tools
                 .iter()
                 .enumerate()
-                .map(|(i, t)| spec(i, t))
+                .map(|(i, t)| spec(i, t).map(|f| (i, f)))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(ToolPlan::Force(format, functions, parallel))
         }
@@ -128,9 +139,32 @@ fn tool_plan(model: &ModelRuntime, req: &v1::Request) -> Result<ToolPlan, Servic
                     ),
                 ));
             };
-            Ok(ToolPlan::Force(format, vec![spec(i, t)?], parallel))
+            Ok(ToolPlan::Force(format, vec![(i, spec(i, t)?)], parallel))
         }
     }
+}
+
+/// Where a forcing grammar did not compile: the first function whose
+/// parameters' schema does not compile alone, as an error naming that
+/// tool's `parameters` (not the structured output the grammar became).
+fn tool_schema_error(
+    g: &crate::structured::Grammars,
+    functions: &[(usize, FunctionSpec)],
+) -> Option<ServiceError> {
+    functions.iter().find_map(|(i, f)| {
+        let alone = v1::StructuredOutput {
+            kind: Some(v1::structured_output::Kind::JsonSchema(
+                f.parameters_schema().to_string(),
+            )),
+        };
+        g.compile(&alone).err().map(|e| {
+            ServiceError::invalid(
+                format!("chat.tools[{i}].function.parameters"),
+                "INVALID_TOOL",
+                format!("the parameters' JSON Schema cannot be enforced: {e}"),
+            )
+        })
+    })
 }
 
 /// A request's reasoning parser, and whether its prompt left the output
@@ -622,11 +656,21 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
                     "forcing tool calls is not available for this model's tokenizer",
                 ));
             };
-            let lark = crate::tools::forcing_grammar(f, &functions, parallel);
+            let specs: Vec<FunctionSpec> = functions
+                .iter()
+                .map(|(_, f)| FunctionSpec {
+                    name: f.name.clone(),
+                    parameters: f.parameters.clone(),
+                })
+                .collect();
+            let lark = crate::tools::forcing_grammar(f, &specs, parallel);
             let forced = v1::StructuredOutput {
                 kind: Some(v1::structured_output::Kind::Grammar(lark)),
             };
-            (Some(f), g.compile(&forced)?)
+            match g.compile(&forced) {
+                Ok(c) => (Some(f), c),
+                Err(e) => return Err(tool_schema_error(g, &functions).unwrap_or(e)),
+            }
         }
     };
     // With reasoning, the structure applies to the answer only: the engine

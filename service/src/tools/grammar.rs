@@ -17,13 +17,36 @@ pub struct FunctionSpec {
 }
 
 impl FunctionSpec {
-    /// The parameters' schema; any object when the tool gave none.
-    fn parameters_schema(&self) -> Value {
-        if self.parameters.is_object() {
-            self.parameters.clone()
-        } else {
-            json!({"type": "object"})
+    /// The parameters' schema, always of an object: any object when the
+    /// tool gave none, and `"type": "object"` added to a schema that names
+    /// no type (`{}`, or properties alone), which would otherwise let the
+    /// arguments be a string or a number, no call at all to a parser.
+    pub fn parameters_schema(&self) -> Value {
+        match &self.parameters {
+            Value::Object(o) if o.contains_key("type") => self.parameters.clone(),
+            Value::Object(o) => {
+                let mut o = o.clone();
+                o.insert("type".into(), json!("object"));
+                Value::Object(o)
+            }
+            _ => json!({"type": "object"}),
         }
+    }
+}
+
+/// Whether `parameters` (a tool's schema as given) can describe an object:
+/// none given, no `type`, or a `type` of `"object"` (alone or among
+/// others). OpenAI refuses the others; arguments are always an object.
+pub fn parameters_are_an_object(parameters: &Value) -> bool {
+    match parameters {
+        Value::Null => true,
+        Value::Object(o) => match o.get("type") {
+            None => true,
+            Some(Value::String(t)) => t == "object",
+            Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+            Some(_) => false,
+        },
+        _ => false,
     }
 }
 

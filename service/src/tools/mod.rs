@@ -40,7 +40,7 @@ mod stream_tests;
 #[cfg(test)]
 mod tests;
 
-pub use grammar::{FunctionSpec, forcing_grammar};
+pub use grammar::{FunctionSpec, forcing_grammar, parameters_are_an_object};
 
 /// A tool-call format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

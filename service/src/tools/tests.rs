@@ -181,6 +181,42 @@ fn forcing_grammars_name_every_function() {
     }
 }
 
+/// Forced arguments are always an object: a schema naming no type gets
+/// `"type": "object"`, and only schemas that can describe an object are
+/// taken.
+#[test]
+fn forced_arguments_are_objects() {
+    let spec = |parameters: Value| FunctionSpec {
+        name: "f".into(),
+        parameters,
+    };
+    assert_eq!(
+        spec(json!({})).parameters_schema(),
+        json!({"type": "object"})
+    );
+    assert_eq!(
+        spec(json!({"properties": {"a": {}}})).parameters_schema(),
+        json!({"type": "object", "properties": {"a": {}}})
+    );
+    assert_eq!(
+        spec(Value::Null).parameters_schema(),
+        json!({"type": "object"})
+    );
+    let typed = json!({"type": ["object", "null"]});
+    assert_eq!(spec(typed.clone()).parameters_schema(), typed);
+    for ok in [Value::Null, json!({}), json!({"type": "object"}), typed] {
+        assert!(parameters_are_an_object(&ok), "{ok}");
+    }
+    for bad in [
+        json!({"type": "string"}),
+        json!({"type": ["array"]}),
+        json!("x"),
+        json!(3),
+    ] {
+        assert!(!parameters_are_an_object(&bad), "{bad}");
+    }
+}
+
 /// The pieces of a Hermes output streamed one character at a time.
 fn hermes_pieces(text: &str) -> (String, Vec<CallPiece>) {
     let mut s = ToolFormat::Hermes.parser();
