@@ -73,6 +73,23 @@ def test_bad_input_is_400_naming_the_param(qwen, path, fields, param, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_errors_name_the_field_as_sent(qwen, stream):
+    # max_completion_tokens travels as the proto's max_tokens.
+    body = {"model": QWEN, "stream": stream, "messages": MESSAGES, "max_completion_tokens": 0}
+    err = error_of(harness.http_json(qwen.http, CHAT, body), 400)
+    assert err["param"] == "max_completion_tokens" and "max_completion_tokens" in err["message"], err
+    # A prompt longer than the context, no max_tokens sent: the prompt is at
+    # fault, not a max_tokens the client never chose.
+    limit = harness.http_json(qwen.http, "/tokenize", {"model": QWEN, "prompt": "hi"}).json()["max_model_len"]
+    long = "hi " * (limit + 10)
+    for path, fields, param in ((COMPLETIONS, {"prompt": long}, "prompt"),
+                                (CHAT, {"messages": [{"role": "user", "content": long}]}, "messages")):
+        err = error_of(harness.http_json(qwen.http, path, {"model": QWEN, "stream": stream, **fields}), 400)
+        assert (err["param"], err["code"]) == (param, "context_length_exceeded"), err
+        assert "max_tokens" not in err["message"] and str(limit) in err["message"], err
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_an_unknown_role_is_checked_by_the_service_and_clipped(qwen, stream):
     """Roles are checked once, by the service (gRPC clients get the same answer); over HTTP the error names the
     OpenAI param and quotes the role clipped."""

@@ -42,7 +42,7 @@ def test_utility_route_errors_are_openai_shaped(qwen):
         ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
         ("/tokenize", {"model": MODEL, "messages": [{"role": "wizard", "content": "b"}]}, 400, "messages[0].role"),
         ("/detokenize", {"model": MODEL}, 400, "tokens"),
-        ("/detokenize", {"model": MODEL, "tokens": [999999999]}, 400, None),
+        ("/detokenize", {"model": MODEL, "tokens": [999999999]}, 400, "tokens"),
         ("/detokenize", {"model": MODEL, "tokens": "abc"}, 400, "tokens"),
     ]
     for path, body, status, param in cases:

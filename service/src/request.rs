@@ -577,6 +577,29 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         }
         None => info.kv_capacity_tokens.saturating_sub(prompt_len) / n,
     };
+    if req.max_tokens.is_none() && room_ctx.min(room_kv) == 0 {
+        // Nothing was asked of max_tokens: the prompt alone is at fault.
+        let (reason, message) = if room_ctx == 0 {
+            (
+                "CONTEXT_LENGTH_EXCEEDED",
+                format!(
+                    "this model's maximum context length is {} tokens; the prompt has {prompt_len} \
+                     tokens, which leaves none to generate",
+                    info.max_model_len
+                ),
+            )
+        } else {
+            (
+                "EXCEEDS_KV_CAPACITY",
+                format!(
+                    "the prompt ({prompt_len} tokens) leaves no room to generate in the server's \
+                     KV cache ({} tokens)",
+                    info.kv_capacity_tokens
+                ),
+            )
+        };
+        return Err(ServiceError::invalid("input", reason, message));
+    }
     let room = room_ctx.min(room_kv).max(1);
     let max_tokens = match req.max_tokens {
         Some(n) if req.clamp_max_tokens => n.min(room),

@@ -120,6 +120,17 @@ impl ApiError {
         }
     }
 
+    /// This error with its `param` `from` (and the word in its message)
+    /// spelled `to`: the field the client sent where the proto has one
+    /// name for two (chat's `max_completion_tokens` is `max_tokens`).
+    pub fn renamed(mut self, from: &str, to: &str) -> Self {
+        if self.param.as_deref() == Some(from) {
+            self.param = Some(to.to_owned());
+            self.message = self.message.replace(from, to);
+        }
+        self
+    }
+
     /// 404 for a path no route serves.
     pub fn route_not_found(method: &str, path: &str) -> Self {
         Self::new(

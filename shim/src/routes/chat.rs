@@ -27,6 +27,12 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let request = ChatRequest::from_body(&body)?;
     drop(body);
+    // max_completion_tokens wins over max_tokens; errors name what was sent.
+    let completion_tokens = request.common.max_completion_tokens.is_some();
+    let spelled = |e: ApiError| match completion_tokens {
+        true => e.renamed("max_tokens", "max_completion_tokens"),
+        false => e,
+    };
     let mut meta = Meta::new("chatcmpl", &request.common.model);
     let (mut proto, mode) = request.into_proto(&meta.id)?;
     if proto.model.is_empty() {
@@ -39,7 +45,7 @@ pub async fn create(
     let patience = state.sse_heartbeat.filter(|_| mode.stream);
     let generation = Merged::start(&state, &headers, vec![proto], Api::Chat, patience)
         .await
-        .map_err(|e| e.for_model(&meta.model))?;
+        .map_err(|e| spelled(e.for_model(&meta.model)))?;
     let notice = generation.notice().clone();
     if let Some(id) = &notice.model {
         meta.model.clone_from(id);

@@ -108,7 +108,12 @@ pub async fn detokenize(
     let response = client
         .detokenize(grpc_request(&state, &headers, request))
         .await
-        .map_err(|status| ApiError::from_status(&status, Api::Completions).for_model(&model))?;
+        .map_err(|status| {
+            // The ids are the completions API's prompt there; here `tokens`.
+            ApiError::from_status(&status, Api::Completions)
+                .for_model(&model)
+                .renamed("prompt", "tokens")
+        })?;
     let notice = ModelNotice::from_metadata(response.metadata());
     let out = response.into_inner();
     Ok(notice.apply(Json(json!({ "prompt": out.text })).into_response()))
