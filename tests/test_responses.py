@@ -273,6 +273,9 @@ def test_items_already_stored_are_refused_and_pages_list_each_item_once(qwen):
     ru.create(qwen.http, {**BODY, "input": "Another?", "conversation": conv["id"]})
     want = ru.ok(harness.http_request(qwen.http, "GET", f"/v1/conversations/{conv['id']}/items?order=asc"))["data"]
     assert len(want) >= 4
+    # An empty cursor is none (it was an unknown item, a 400).
+    empty = ru.ok(harness.http_request(qwen.http, "GET", f"/v1/conversations/{conv['id']}/items?order=asc&after="))
+    assert empty["data"] == want
     for order, expect in (("asc", want), ("desc", want[::-1])):
         seen, after = [], ""
         while True:

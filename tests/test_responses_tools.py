@@ -109,6 +109,26 @@ def test_forced_call_streams_its_arguments(qwen):
     assert [d["name"] for d in done] == ["get_weather"]
 
 
+@pytest.mark.parametrize("limit", [2, 3, 5, 8])
+def test_a_forced_call_cut_off_is_never_text(qwen, client, limit):
+    # Cut off by the token limit before its name is complete, a forced call's
+    # syntax came back as text: a message reading '{"name": "'. Now the
+    # output holds no message (at most the call, incomplete), in the
+    # Responses API, streamed or not, and in chat completions.
+    body = {"model": QWEN, "input": QUESTION, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "max_output_tokens": limit}
+    events = ru.stream(qwen.http, body)
+    assert not [e for e in events if e["type"].startswith("response.output_text")], events
+    for r in (ru.create(qwen.http, body), events[-1]["response"]):
+        assert r["status"] == "incomplete", r
+        assert [i["type"] for i in r["output"] if i["type"] != "function_call"] == [], r["output"]
+        assert r.get("output_text", "") == "", r
+    chat = client.chat.completions.create(model=QWEN, messages=[{"role": "user", "content": QUESTION}],
+                                          tools=CHAT_TOOLS, tool_choice="required", temperature=0, max_tokens=limit)
+    assert chat.choices[0].finish_reason == "length"
+    assert not chat.choices[0].message.content, chat.choices[0].message
+
+
 def test_json_schema_format_is_enforced(qwen):
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
               "required": ["colour"], "additionalProperties": False}

@@ -177,8 +177,9 @@ pub(crate) struct EngineArgs {
     /// the sequences running): at most --max-running + --max-queue requests
     /// run or wait at once, and a burst the engine can start at its next
     /// step is never refused.
-    #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024)]
-    pub(crate) max_queue: usize,
+    #[arg(long, env = "GYRE_MAX_QUEUE", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_queue: u32,
     /// Embedding models: most padded tokens (inputs times the longest one)
     /// per forward pass of the embedding worker.
     #[arg(long, env = "GYRE_EMBED_BATCH_TOKENS", default_value_t = 8192,

@@ -252,7 +252,7 @@ fn load_defaults(args: &ModelArgs, log_format: LogFormat) -> anyhow::Result<Load
         block_size: e.block_size,
         max_running: e.max_running,
         max_batch_tokens: e.max_batch_tokens,
-        max_queue: e.max_queue,
+        max_queue: e.max_queue as usize,
         embed_batch_tokens: e.embed_batch_tokens as usize,
         compute_threads: e.compute_threads,
         dequantize: e.dequantize,
@@ -647,6 +647,17 @@ mod tests {
             Cli::try_parse_from(["gyre", "serve", "--server-threads", "0"]).is_err(),
             "zero threads is refused"
         );
+    }
+
+    /// A queue of no requests is refused with the flag's name, before any
+    /// model loads (it failed the model's load, as 'unsupported model').
+    #[test]
+    fn an_empty_queue_is_refused_as_a_flag() {
+        let err = Cli::try_parse_from(["gyre", "serve", "--max-queue", "0"])
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--max-queue"), "{err}");
+        assert!(Cli::try_parse_from(["gyre", "serve", "--max-queue", "1"]).is_ok());
     }
 
     #[test]

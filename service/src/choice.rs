@@ -29,6 +29,7 @@ fn pipeline_for(p: &Prepared) -> Pipeline {
         include_stop: p.include_stop,
         reasoning: p.reasoning.as_ref().map(|r| r.splitter()),
         tool_format: p.tool_format,
+        forced_tools: p.forced_tools,
         context: detok::context(&p.engine_req.prompt).to_vec(),
     })
 }

@@ -30,6 +30,10 @@ pub struct Config {
     pub reasoning: Option<Splitter>,
     /// Parse tool calls out of the answer, in this format.
     pub tool_format: Option<ToolFormat>,
+    /// The calls are forced: what the tool parser still holds when the
+    /// output ends (a call cut off before its name was complete) is part of
+    /// a call, never content.
+    pub forced_tools: bool,
     /// The prompt's token ids, or its last few (they start the
     /// detokenizer's window, see [`IncrementalDecoder::with_context`]);
     /// empty: none.
@@ -79,6 +83,7 @@ pub struct Pipeline {
     include_stop: bool,
     reasoning: Option<Splitter>,
     tools: Option<(ToolFormat, Box<dyn ToolParser>)>,
+    forced_tools: bool,
     /// Calls started so far.
     calls: u32,
 }
@@ -91,6 +96,7 @@ impl Pipeline {
             include_stop: config.include_stop,
             reasoning: config.reasoning,
             tools: config.tool_format.map(|f| (f, f.parser())),
+            forced_tools: config.forced_tools,
             calls: 0,
         }
     }
@@ -178,7 +184,9 @@ impl Pipeline {
         let (mut text, mut calls) = parser.push(&answer);
         if last {
             let (c, k) = parser.finish();
-            text.push_str(&c);
+            if !self.forced_tools {
+                text.push_str(&c);
+            }
             calls.extend(k);
         }
         let mut tool_calls: Vec<ToolCallPiece> = Vec::new();

@@ -28,6 +28,7 @@ fn config() -> Config {
         include_stop: false,
         reasoning: None,
         tool_format: None,
+        forced_tools: false,
         context: Vec::new(),
     }
 }

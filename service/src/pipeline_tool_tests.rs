@@ -53,6 +53,7 @@ fn every_format_streams_fragments_of_the_openai_shape() {
             include_stop: false,
             reasoning: None,
             tool_format: Some(format),
+            forced_tools: false,
             context: Vec::new(),
         });
         let mut fragments: Vec<ToolCallPiece> = Vec::new();
@@ -102,5 +103,55 @@ fn every_format_streams_fragments_of_the_openai_shape() {
             calls[0].3 >= args.chars().count() / 3,
             "{format:?}: {fragments:?}"
         );
+    }
+}
+
+/// A forced call cut off before its name is complete (max_tokens) ends
+/// with neither content nor a call: the held-back syntax is not text. Not
+/// forced, the same text is the model's content (it never became a call).
+/// Cut inside the arguments, the call keeps the ones it had, forced or not.
+#[test]
+fn a_forced_call_cut_off_leaves_no_text() {
+    for (format, text) in outputs() {
+        let at = text.find("weather").expect("the first call's name") + 3;
+        // Into the arguments: the call has begun.
+        let later = text.find("city").expect("the first call's arguments") + 2;
+        for (cut, named) in [(&text[..at], false), (&text[..later], true)] {
+            for forced in [true, false] {
+                let mut pipe = Pipeline::new(Config {
+                    skip_special: false,
+                    stop: Vec::new(),
+                    include_stop: false,
+                    reasoning: None,
+                    tool_format: Some(format),
+                    forced_tools: forced,
+                    context: Vec::new(),
+                });
+                let mut out = pipe.push_text(cut, 1);
+                let end = pipe.finish_text("");
+                out.text.push_str(&end.text);
+                out.tool_calls.extend(end.tool_calls);
+                let names: Vec<&str> = out.tool_calls.iter().map(|c| c.name.as_str()).collect();
+                if named {
+                    assert_eq!(
+                        names.first(),
+                        Some(&"get_weather"),
+                        "{format:?} forced {forced}: {cut:?}"
+                    );
+                } else {
+                    assert!(names.is_empty(), "{format:?} forced {forced}: {names:?}");
+                }
+                if forced || named {
+                    assert_eq!(out.text, "", "{format:?} forced {forced}: {cut:?}");
+                } else {
+                    // (Mistral's marker aside, which is never content.)
+                    assert!(
+                        out.text.ends_with(r#"{"name": "get_wea"#) || out.text.ends_with("get_wea"),
+                        "{format:?}: the text it never made a call of: {:?}",
+                        out.text
+                    );
+                }
+            }
+        }
     }
 }

@@ -30,6 +30,9 @@ pub struct Prepared {
     pub echo: Option<String>,
     /// Parse tool calls out of the output, in this format.
     pub tool_format: Option<ToolFormat>,
+    /// The calls are forced (tool_choice required or a named function):
+    /// the output is call syntax throughout.
+    pub forced_tools: bool,
     /// How to split reasoning from the answer, when this request's is parsed.
     pub reasoning: Option<Reasoning>,
     /// The request's admission against its tenant's quotas (keys file
@@ -661,6 +664,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
             }
         },
     };
+    let forced_tools = matches!(tools, ToolPlan::Force(..));
     let (tool_format, constraint) = match tools {
         ToolPlan::Off => (None, constraint),
         ToolPlan::Parse(f) => (Some(f), constraint),
@@ -745,6 +749,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         skip_special: skip_special && !tool_format.is_some_and(ToolFormat::needs_special_tokens),
         n: req.n.unwrap_or(1),
         tool_format,
+        forced_tools,
         echo,
         reasoning,
         admission: None,

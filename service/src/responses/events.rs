@@ -351,10 +351,10 @@ impl Builder {
                     Some(e) => (error_code(e.code), e.message.clone()),
                     None => ("server_error".to_string(), "generation failed".to_string()),
                 };
-                self.fail(&code, &message, now)
+                self.fail(&code, &message)
             }
             FinishReason::Cancelled => {
-                self.cancel(now);
+                self.cancel();
                 Vec::new()
             }
             FinishReason::Length => {
@@ -362,7 +362,6 @@ impl Builder {
                 self.close(&mut out, "incomplete");
                 self.resp.status = "incomplete".into();
                 self.resp.incomplete_reason = Some("max_output_tokens".into());
-                self.resp.completed_at = Some(now);
                 out.push(self.ev(Ev::Incomplete(self.resp.clone())));
                 out
             }
@@ -378,11 +377,10 @@ impl Builder {
     }
 
     /// The response failed: open items end incomplete, then `failed`.
-    pub fn fail(&mut self, code: &str, message: &str, now: i64) -> Vec<ResponseEvent> {
+    pub fn fail(&mut self, code: &str, message: &str) -> Vec<ResponseEvent> {
         let mut out = Vec::new();
         self.close(&mut out, "incomplete");
         self.resp.status = "failed".into();
-        self.resp.completed_at = Some(now);
         self.resp.error = Some(ResponseError {
             code: code.to_string(),
             message: message.to_string(),
@@ -393,12 +391,11 @@ impl Builder {
 
     /// The response was cancelled: open items are left incomplete and no
     /// event is sent (OpenAI's stream has no cancelled event).
-    pub fn cancel(&mut self, now: i64) {
+    pub fn cancel(&mut self) {
         if let Some(Open::Reasoning(i) | Open::Message(i) | Open::Call(i, _)) = self.open.take() {
             self.resp.output[i].status = "incomplete".into();
         }
         self.resp.status = "cancelled".into();
-        self.resp.completed_at = Some(now);
     }
 }
 

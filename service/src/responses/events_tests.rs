@@ -286,6 +286,8 @@ fn length_ends_incomplete_and_errors_fail() {
     assert_eq!(r.status, "incomplete");
     assert_eq!(r.incomplete_reason.as_deref(), Some("max_output_tokens"));
     assert_eq!(r.output[0].status, "incomplete");
+    // OpenAI's completed_at is there only when the status is completed.
+    assert_eq!(r.completed_at, None);
 
     let mut b = builder(Options::default());
     let mut f = finish(FinishReason::Error);
@@ -296,6 +298,7 @@ fn length_ends_incomplete_and_errors_fail() {
     });
     let events = run(&mut b, &[text("x")], f);
     assert_eq!(events.last().map(kind), Some("failed"));
+    assert_eq!(b.response().completed_at, None);
     let e = b.response().error.clone().expect("error");
     assert_eq!(
         (e.code.as_str(), e.message.as_str()),

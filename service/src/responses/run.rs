@@ -280,16 +280,14 @@ impl Task {
                     Some(GenEv::Finish(f)) => self.builder.finish(&f, now()),
                     _ => continue,
                 },
-                Some(Err(status)) => self.builder.fail("server_error", status.message(), now()),
+                Some(Err(status)) => self.builder.fail("server_error", status.message()),
                 None if *self.live.cancel.borrow() => {
-                    self.builder.cancel(now());
+                    self.builder.cancel();
                     Vec::new()
                 }
-                None => self.builder.fail(
-                    "server_error",
-                    "the generation ended without finishing",
-                    now(),
-                ),
+                None => self
+                    .builder
+                    .fail("server_error", "the generation ended without finishing"),
             };
             self.publish(&mut all, evs);
             if self.builder.ended() {

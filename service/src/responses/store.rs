@@ -174,7 +174,6 @@ impl Store {
             }
             let mut resp = Response::decode(body.as_slice())?;
             resp.status = "failed".into();
-            resp.completed_at = Some(now());
             resp.error = Some(ResponseError {
                 code: "server_restarted".into(),
                 message: "the server stopped before this response finished".into(),

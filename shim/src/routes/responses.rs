@@ -76,7 +76,8 @@ pub(crate) struct Page {
 /// The [`Page`] of a list route's query.
 pub(crate) fn page(q: &HashMap<String, String>) -> Result<Page, ApiError> {
     Ok(Page {
-        after: q.get("after").cloned(),
+        // `?after=` (empty) is no cursor, as the SDKs' first page sends it.
+        after: q.get("after").filter(|a| !a.is_empty()).cloned(),
         limit: query_param(q, "limit", "an integer")?,
         order: q.get("order").cloned(),
     })
