@@ -43,19 +43,24 @@ fn outputs() -> Vec<(ToolFormat, String)> {
     ]
 }
 
+/// A pipeline parsing `format`'s calls (forced or not), special tokens kept.
+fn pipeline(format: ToolFormat, forced_tools: bool) -> Pipeline {
+    Pipeline::new(Config {
+        skip_special: false,
+        stop: Vec::new(),
+        include_stop: false,
+        reasoning: None,
+        tool_format: Some(format),
+        forced_tools,
+        context: Vec::new(),
+    })
+}
+
 #[test]
 fn every_format_streams_fragments_of_the_openai_shape() {
     let args = r#"{"city": "Oslo", "note": "say \"hi\" {ok}"}"#;
     for (format, text) in outputs() {
-        let mut pipe = Pipeline::new(Config {
-            skip_special: false,
-            stop: Vec::new(),
-            include_stop: false,
-            reasoning: None,
-            tool_format: Some(format),
-            forced_tools: false,
-            context: Vec::new(),
-        });
+        let mut pipe = pipeline(format, false);
         let mut fragments: Vec<ToolCallPiece> = Vec::new();
         // Pieces of three characters, as tokens would come.
         let chars: Vec<char> = text.chars().collect();
@@ -118,15 +123,7 @@ fn a_forced_call_cut_off_leaves_no_text() {
         let later = text.find("city").expect("the first call's arguments") + 2;
         for (cut, named) in [(&text[..at], false), (&text[..later], true)] {
             for forced in [true, false] {
-                let mut pipe = Pipeline::new(Config {
-                    skip_special: false,
-                    stop: Vec::new(),
-                    include_stop: false,
-                    reasoning: None,
-                    tool_format: Some(format),
-                    forced_tools: forced,
-                    context: Vec::new(),
-                });
+                let mut pipe = pipeline(format, forced);
                 let mut out = pipe.push_text(cut, 1);
                 let end = pipe.finish_text("");
                 out.text.push_str(&end.text);
