@@ -31,8 +31,8 @@ pub struct Config {
     /// Parse tool calls out of the answer, in this format.
     pub tool_format: Option<ToolFormat>,
     /// The calls are forced: what the tool parser still holds when the
-    /// output ends (a call cut off before its name was complete) is part of
-    /// a call, never content.
+    /// output ends (a call cut off before it began: its name and the first
+    /// bracket of its arguments) is call syntax, never content.
     pub forced_tools: bool,
     /// The prompt's token ids, or its last few (they start the
     /// detokenizer's window, see [`IncrementalDecoder::with_context`]);

@@ -76,7 +76,7 @@ pub(crate) struct Page {
 /// The [`Page`] of a list route's query.
 pub(crate) fn page(q: &HashMap<String, String>) -> Result<Page, ApiError> {
     Ok(Page {
-        // `?after=` (empty) is no cursor, as the SDKs' first page sends it.
+        // An empty `?after=` is no cursor (not an unknown item).
         after: q.get("after").filter(|a| !a.is_empty()).cloned(),
         limit: query_param(q, "limit", "an integer")?,
         order: q.get("order").cloned(),
