@@ -30,6 +30,7 @@ fn pipeline_for(p: &Prepared) -> Pipeline {
         reasoning: p.reasoning.as_ref().map(|r| r.splitter()),
         tool_format: p.tool_format,
         forced_tools: p.forced_tools,
+        single_call: p.single_call,
         context: detok::context(&p.engine_req.prompt).to_vec(),
     })
 }

@@ -34,6 +34,9 @@ pub struct Config {
     /// output ends (a call cut off before it began: its name and the first
     /// bracket of its arguments) is call syntax, never content.
     pub forced_tools: bool,
+    /// At most one call (`parallel_tool_calls: false`): the pieces of any
+    /// later call the model writes are dropped.
+    pub single_call: bool,
     /// The prompt's token ids, or its last few (they start the
     /// detokenizer's window, see [`IncrementalDecoder::with_context`]);
     /// empty: none.
@@ -84,6 +87,7 @@ pub struct Pipeline {
     reasoning: Option<Splitter>,
     tools: Option<(ToolFormat, Box<dyn ToolParser>)>,
     forced_tools: bool,
+    single_call: bool,
     /// Calls started so far.
     calls: u32,
 }
@@ -97,6 +101,7 @@ impl Pipeline {
             reasoning: config.reasoning,
             tools: config.tool_format.map(|f| (f, f.parser())),
             forced_tools: config.forced_tools,
+            single_call: config.single_call,
             calls: 0,
         }
     }
@@ -206,6 +211,10 @@ impl Pipeline {
     /// extend this step's last piece when it is that call's.
     fn piece(&mut self, format: ToolFormat, piece: CallPiece, out: &mut Vec<ToolCallPiece>) {
         match piece {
+            // A call after the one counts (its arguments are told from the
+            // first's) but none of it is released.
+            CallPiece::Begin(_) if self.single_call && self.calls >= 1 => self.calls += 1,
+            CallPiece::Args(_) if self.single_call && self.calls >= 2 => {}
             CallPiece::Begin(name) => {
                 out.push(ToolCallPiece {
                     index: self.calls,

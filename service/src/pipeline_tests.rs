@@ -29,6 +29,7 @@ fn config() -> Config {
         reasoning: None,
         tool_format: None,
         forced_tools: false,
+        single_call: false,
         context: Vec::new(),
     }
 }

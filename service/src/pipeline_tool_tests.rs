@@ -43,17 +43,57 @@ fn outputs() -> Vec<(ToolFormat, String)> {
     ]
 }
 
-/// A pipeline parsing `format`'s calls (forced or not), special tokens kept.
-fn pipeline(format: ToolFormat, forced_tools: bool) -> Pipeline {
-    Pipeline::new(Config {
+/// Parsing `format`'s calls, special tokens kept.
+fn config_of(format: ToolFormat) -> Config {
+    Config {
         skip_special: false,
         stop: Vec::new(),
         include_stop: false,
         reasoning: None,
         tool_format: Some(format),
-        forced_tools,
+        forced_tools: false,
+        single_call: false,
         context: Vec::new(),
+    }
+}
+
+/// A pipeline parsing `format`'s calls, forced or not.
+fn pipeline(format: ToolFormat, forced_tools: bool) -> Pipeline {
+    Pipeline::new(Config {
+        forced_tools,
+        ..config_of(format)
     })
+}
+
+/// With `parallel_tool_calls: false` a model that writes two calls (under
+/// `auto`, nothing forces one) gets the first alone, whole, and no text.
+#[test]
+fn one_call_at_most_when_not_parallel() {
+    for (format, text) in outputs() {
+        let mut pipe = Pipeline::new(Config {
+            single_call: true,
+            ..config_of(format)
+        });
+        let mut calls: Vec<ToolCallPiece> = Vec::new();
+        let mut content = String::new();
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            let o = pipe.push_text(&piece.iter().collect::<String>(), 1);
+            content.push_str(&o.text);
+            calls.extend(o.tool_calls);
+        }
+        let end = pipe.finish_text("");
+        content.push_str(&end.text);
+        calls.extend(end.tool_calls);
+        assert_eq!(content, "", "{format:?}");
+        assert!(calls.iter().all(|c| c.index == 0), "{format:?}: {calls:?}");
+        let args: String = calls.iter().map(|c| c.arguments.as_str()).collect();
+        assert_eq!(calls[0].name, "get_weather", "{format:?}");
+        assert_eq!(
+            args, r#"{"city": "Oslo", "note": "say \"hi\" {ok}"}"#,
+            "{format:?}"
+        );
+    }
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub struct Prepared {
     /// The calls are forced (tool_choice required or a named function):
     /// the output is call syntax throughout.
     pub forced_tools: bool,
+    /// `parallel_tool_calls: false`: at most one call (later ones the
+    /// model writes are dropped).
+    pub single_call: bool,
     /// How to split reasoning from the answer, when this request's is parsed.
     pub reasoning: Option<Reasoning>,
     /// The request's admission against its tenant's quotas (keys file
@@ -665,6 +668,8 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         },
     };
     let forced_tools = matches!(tools, ToolPlan::Force(..));
+    let single_call =
+        matches!(&req.input, Some(Input::Chat(c)) if c.parallel_tool_calls == Some(false));
     let (tool_format, constraint) = match tools {
         ToolPlan::Off => (None, constraint),
         ToolPlan::Parse(f) => (Some(f), constraint),
@@ -750,6 +755,7 @@ pub fn prepare_for(model: Arc<ModelRuntime>, req: &v1::Request) -> Result<Prepar
         n: req.n.unwrap_or(1),
         tool_format,
         forced_tools,
+        single_call,
         echo,
         reasoning,
         admission: None,
