@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import openai
 import pytest
 
@@ -93,9 +94,47 @@ def test_load_errors_are_clear(server):
     assert [m["model"]["id"] for m in admin(server, "ListModels", {}).ok().messages[0]["models"]] == ["chat"]
 
 
+class Watch:
+    """A grpc.health.v1 Watch of one service, its updates collected (the
+    status enum's value: 1 SERVING, 2 NOT_SERVING, 3 SERVICE_UNKNOWN)."""
+
+    def __init__(self, server, service: str):
+        self.channel = grpc.insecure_channel(server.grpc)
+        request = b"\x0a" + bytes([len(service)]) + service.encode()
+        self.call = self.channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=lambda b: b,
+                                              response_deserializer=lambda b: b)(request)
+        self.seen: list[int] = []
+        self.error = None
+        self.thread = threading.Thread(target=self._collect, daemon=True)
+        self.thread.start()
+
+    def _collect(self):
+        try:
+            for msg in self.call:
+                self.seen.append(msg[1] if len(msg) == 2 else 0)
+        except grpc.RpcError as e:
+            self.error = e
+
+    def until(self, want: list[int], what: str):
+        deadline = time.monotonic() + 15
+        while self.seen != want:
+            assert self.error is None, f"{what}: the Watch ended: {self.error}"
+            assert time.monotonic() < deadline, f"{what}: saw {self.seen}, wanted {want}"
+            time.sleep(0.02)
+
+    def close(self):
+        self.call.cancel()
+        self.channel.close()
+
+
 def test_load_chat_and_unload_with_a_request_in_flight(server, sdk):
     qwen = str(harness.model_dir("tiny-qwen2"))
     assert health(server, "extra") == "not_found"
+    # The health protocol's Watch: an unknown service is SERVICE_UNKNOWN on
+    # a call that stays open, and follows the model as it comes and goes
+    # (tonic-health's refused it with NOT_FOUND and ended at the unload).
+    watch = Watch(server, "extra")
+    watch.until([3], "before the load")
     loaded = admin(server, "LoadModel", {"source": qwen, "name": "extra", "aliases": ["extra-alias"],
                                          "version": "7", "deprecated": "2026-01-01", "kv_cache_mib": 16}).ok()
     model = loaded.messages[0]["model"]
@@ -105,6 +144,7 @@ def test_load_chat_and_unload_with_a_request_in_flight(server, sdk):
     grpc = harness.buf_curl(server.grpc, "gyre.v1.Generation/ListModels", {}, headers=USER).ok()
     assert [m["id"] for m in grpc.messages[0]["models"]] == ["chat", "extra"]
     assert health(server, "extra") == "SERVING" and health(server, "extra-alias") == "SERVING"
+    watch.until([3, 1], "after the load")
     # Chat through the SDK by alias; the new model is deprecated, so the header is there.
     r = sdk.chat.completions.with_raw_response.create(
         model="extra-alias", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0)
@@ -134,6 +174,7 @@ def test_load_chat_and_unload_with_a_request_in_flight(server, sdk):
             sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert exc.value.code == "model_not_found"
     assert health(server, "extra") == "not_found" and health(server, "extra-alias") == "not_found"
+    watch.until([3, 1, 3], "after the unload")
     # The running request finishes: every token, finish_reason length.
     rest = [first, *chunks]
     finishes = [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason]
@@ -148,4 +189,6 @@ def test_load_chat_and_unload_with_a_request_in_flight(server, sdk):
     # And the name is free again: it loads once more.
     again = admin(server, "LoadModel", {"source": qwen, "name": "extra", "kv_cache_mib": 16}).ok()
     assert again.messages[0]["model"]["id"] == "extra"
+    watch.until([3, 1, 3, 1], "after the second load")
+    watch.close()
     assert admin(server, "UnloadModel", {"name": "extra"}).ok().messages[0]["drained"] is True

@@ -18,6 +18,7 @@ pub mod embeddings;
 pub mod embeddings_grpc;
 pub mod error;
 pub mod grpc;
+pub mod health;
 pub mod holdback;
 pub mod keys;
 pub mod limit_headers;

@@ -94,7 +94,8 @@ pub async fn grpc_service_for(
     opts: ServerOptions,
     draining: watch::Receiver<bool>,
 ) -> anyhow::Result<GrpcService> {
-    let (health, health_svc) = tonic_health::server::health_reporter();
+    let health = tonic_health::server::HealthReporter::new();
+    let health_svc = crate::health::server(&health);
     health
         .set_serving::<GenerationServer<GenerationService>>()
         .await;
